@@ -1,0 +1,262 @@
+#!/usr/bin/env bash
+# Conformance harness: etcdctl-driven scenarios run against real etcd or etcdsql.
+#
+#   conformance/run.sh etcd     [SCENARIO...]   check against real etcd
+#   conformance/run.sh etcdsql  [SCENARIO...]   check against etcdsql ($ETCDSQL_BIN)
+#   conformance/run.sh --record [SCENARIO...]   re-record *.expected from real etcd
+#
+# Every scenario gets a fresh server on free 127.0.0.1 ports and a fresh data
+# directory. See conformance/README.md.
+set -euo pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO=$(cd "$HERE/.." && pwd)
+SCEN_DIR="$HERE/scenarios"
+README="$HERE/README.md"
+
+ETCD_BIN=${ETCD_BIN:-etcd}
+ETCDCTL_BIN=${ETCDCTL_BIN:-etcdctl}
+ETCDSQL_BIN=${ETCDSQL_BIN:-$REPO/target/release/etcdsql}
+READY_TIMEOUT=${READY_TIMEOUT:-30}       # seconds for a server to become healthy
+SCENARIO_TIMEOUT=${SCENARIO_TIMEOUT:-90} # seconds per scenario script
+STOP_TIMEOUT=${STOP_TIMEOUT:-10}         # seconds between SIGTERM and SIGKILL
+
+usage() {
+    echo "usage: $0 etcd|etcdsql [SCENARIO...]" >&2
+    echo "       $0 --record [SCENARIO...]      (records from real etcd only)" >&2
+    exit 2
+}
+
+RECORD=0
+TARGET=""
+case "${1:-}" in
+--record)
+    RECORD=1
+    TARGET=etcd
+    shift
+    if [ "${1:-}" = etcd ]; then shift; fi
+    if [ "${1:-}" = etcdsql ]; then
+        echo "run.sh: expectations are only ever recorded from real etcd" >&2
+        exit 2
+    fi
+    ;;
+etcd | etcdsql)
+    TARGET=$1
+    shift
+    ;;
+*) usage ;;
+esac
+
+# Only loopback traffic: no proxies, no inherited etcd/etcdctl configuration.
+unset http_proxy https_proxy HTTP_PROXY HTTPS_PROXY all_proxy ALL_PROXY grpc_proxy GRPC_PROXY
+export NO_PROXY=127.0.0.1,localhost no_proxy=127.0.0.1,localhost
+while IFS= read -r v; do unset "$v"; done < <(compgen -e | grep -E '^(ETCD_|ETCDCTL_)' || true)
+export ETCDCTL_API=3
+case "$(uname -m)" in
+x86_64 | amd64) ;;
+*) export ETCD_UNSUPPORTED_ARCH="$(uname -m | sed 's/aarch64/arm64/')" ;;
+esac
+
+for tool in python3 timeout diff "$ETCDCTL_BIN"; do
+    command -v "$tool" >/dev/null 2>&1 || { echo "run.sh: missing tool: $tool" >&2; exit 2; }
+done
+if [ "$TARGET" = etcd ]; then
+    command -v "$ETCD_BIN" >/dev/null 2>&1 || { echo "run.sh: missing etcd binary ($ETCD_BIN); apt-get install etcd-server" >&2; exit 2; }
+else
+    [ -x "$ETCDSQL_BIN" ] || { echo "run.sh: etcdsql binary not found at $ETCDSQL_BIN (set ETCDSQL_BIN or cargo build --release)" >&2; exit 2; }
+fi
+
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/etcdsql-conformance.XXXXXX")
+SERVER_PID=""
+
+stop_server() {
+    local pid=$SERVER_PID i
+    [ -n "$pid" ] || return 0
+    SERVER_PID=""
+    if kill -0 "$pid" 2>/dev/null; then
+        kill -TERM "$pid" 2>/dev/null || true
+        for ((i = 0; i < STOP_TIMEOUT * 20; i++)); do
+            kill -0 "$pid" 2>/dev/null || break
+            sleep 0.05
+        done
+        if kill -0 "$pid" 2>/dev/null; then
+            echo "    (server pid $pid ignored SIGTERM for ${STOP_TIMEOUT}s; sending SIGKILL)" >&2
+            kill -KILL "$pid" 2>/dev/null || true
+        fi
+    fi
+    wait "$pid" 2>/dev/null || true
+}
+
+cleanup() {
+    stop_server
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# free_ports N: print N distinct currently-free TCP ports on 127.0.0.1.
+free_ports() {
+    python3 - "$1" <<'EOF'
+import socket, sys
+socks = []
+for _ in range(int(sys.argv[1])):
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.bind(("127.0.0.1", 0))
+    socks.append(s)
+print(" ".join(str(s.getsockname()[1]) for s in socks))
+for s in socks:
+    s.close()
+EOF
+}
+
+# start_server DIR: starts $TARGET with its state in DIR; sets SERVER_PID, PORT.
+start_server() {
+    local dir=$1 ports pp
+    if [ "$TARGET" = etcd ]; then
+        ports=$(free_ports 2)
+        PORT=${ports% *}
+        pp=${ports#* }
+        "$ETCD_BIN" --name default \
+            --data-dir "$dir/data" \
+            --listen-client-urls "http://127.0.0.1:$PORT" \
+            --advertise-client-urls "http://127.0.0.1:$PORT" \
+            --listen-peer-urls "http://127.0.0.1:$pp" \
+            --initial-advertise-peer-urls "http://127.0.0.1:$pp" \
+            --initial-cluster "default=http://127.0.0.1:$pp" \
+            --initial-cluster-state new \
+            >"$dir/server.log" 2>&1 </dev/null &
+        SERVER_PID=$!
+    else
+        PORT=$(free_ports 1)
+        "$ETCDSQL_BIN" \
+            --listen-client-urls "http://127.0.0.1:$PORT" \
+            --advertise-client-urls "http://127.0.0.1:$PORT" \
+            --endpoint "sqlite://$dir/state.db" \
+            >"$dir/server.log" 2>&1 </dev/null &
+        SERVER_PID=$!
+    fi
+}
+
+# wait_ready: poll `etcdctl endpoint health` until it succeeds (bounded).
+wait_ready() {
+    local deadline=$((SECONDS + READY_TIMEOUT))
+    while ((SECONDS < deadline)); do
+        if ! kill -0 "$SERVER_PID" 2>/dev/null; then
+            echo "    server exited before becoming healthy" >&2
+            return 1
+        fi
+        if timeout -k 1 5 "$ETCDCTL_BIN" --endpoints="http://127.0.0.1:$PORT" \
+            --dial-timeout=1s --command-timeout=2s endpoint health >/dev/null 2>&1; then
+            return 0
+        fi
+        sleep 0.1
+    done
+    echo "    server not healthy after ${READY_TIMEOUT}s" >&2
+    return 1
+}
+
+# Scenario selection.
+SCENARIOS=()
+if [ $# -gt 0 ]; then
+    for s in "$@"; do
+        s=${s%.sh}
+        s=${s##*/}
+        [ -f "$SCEN_DIR/$s.sh" ] || { echo "run.sh: no such scenario: $s" >&2; exit 2; }
+        SCENARIOS+=("$s")
+    done
+else
+    while IFS= read -r f; do
+        s=${f##*/}
+        SCENARIOS+=("${s%.sh}")
+    done < <(find "$SCEN_DIR" -maxdepth 1 -name '*.sh' | LC_ALL=C sort)
+fi
+[ ${#SCENARIOS[@]} -gt 0 ] || { echo "run.sh: no scenarios found in $SCEN_DIR" >&2; exit 2; }
+
+if [ "$RECORD" = 1 ]; then
+    echo "recording expectations from $("$ETCD_BIN" --version | head -n1), $("$ETCDCTL_BIN" version | head -n1)"
+else
+    echo "target: $TARGET"
+fi
+
+PASSED=0
+FAILED=0
+FAILED_NAMES=()
+START_ALL=$SECONDS
+
+fail() {
+    FAILED=$((FAILED + 1))
+    FAILED_NAMES+=("$1")
+    echo "FAIL $1${2:+: $2}"
+}
+
+for name in "${SCENARIOS[@]}"; do
+    sdir="$WORK/$name"
+    mkdir -p "$sdir/tmp"
+    t0=$SECONDS
+    start_server "$sdir"
+    if ! wait_ready; then
+        stop_server
+        fail "$name" "server did not start; last log lines:"
+        tail -n 20 "$sdir/server.log" | sed 's/^/    | /'
+        continue
+    fi
+    rc=0
+    (
+        cd "$sdir/tmp"
+        export ETCDCTL="$ETCDCTL_BIN --endpoints=http://127.0.0.1:$PORT"
+        export ENDPOINT="http://127.0.0.1:$PORT"
+        export SCENARIO_TMP="$sdir/tmp"
+        exec timeout -k 5 "$SCENARIO_TIMEOUT" bash --noprofile --norc -c \
+            'source "$1"; source "$2"' _ "$HERE/lib.sh" "$SCEN_DIR/$name.sh"
+    ) >"$sdir/raw.out" 2>&1 </dev/null || rc=$?
+    if [ "$rc" != 0 ]; then
+        echo "# harness: scenario script exited with status $rc" >>"$sdir/raw.out"
+    fi
+    server_alive=1
+    kill -0 "$SERVER_PID" 2>/dev/null || server_alive=0
+    stop_server
+    if [ "$server_alive" = 0 ]; then
+        echo "# harness: server died during the scenario" >>"$sdir/raw.out"
+    fi
+    python3 "$HERE/normalize.py" <"$sdir/raw.out" >"$sdir/actual.out"
+    dt=$((SECONDS - t0))
+
+    if [ "$RECORD" = 1 ]; then
+        cp "$sdir/actual.out" "$SCEN_DIR/$name.expected"
+        PASSED=$((PASSED + 1))
+        echo "RECORDED $name (${dt}s)"
+        continue
+    fi
+
+    expected="$SCEN_DIR/$name.expected"
+    if [ "$TARGET" = etcdsql ] && [ -f "$SCEN_DIR/$name.etcdsql.expected" ]; then
+        expected="$SCEN_DIR/$name.etcdsql.expected"
+        if ! sed -n '/^## Known differences/,$p' "$README" | grep -qF "$name.etcdsql.expected"; then
+            fail "$name" "$name.etcdsql.expected is not listed under 'Known differences' in conformance/README.md"
+            continue
+        fi
+    fi
+    if [ ! -f "$expected" ]; then
+        fail "$name" "missing $expected (run: conformance/run.sh --record $name)"
+        continue
+    fi
+    if diff -u --label "expected/${expected##*/}" --label "actual/$name ($TARGET)" \
+        "$expected" "$sdir/actual.out" >"$sdir/diff.out"; then
+        PASSED=$((PASSED + 1))
+        echo "PASS $name (${dt}s)"
+    else
+        fail "$name" "(${dt}s)"
+        sed 's/^/    /' "$sdir/diff.out"
+        if [ "$TARGET" = etcdsql ]; then
+            echo "    --- last server log lines:"
+            tail -n 10 "$sdir/server.log" | sed 's/^/    | /'
+        fi
+    fi
+done
+
+echo "elapsed: $((SECONDS - START_ALL))s"
+if [ "$FAILED" -gt 0 ]; then
+    echo "failed scenarios: ${FAILED_NAMES[*]}"
+fi
+echo "conformance: $PASSED passed, $FAILED failed"
+[ "$FAILED" -eq 0 ]

@@ -1,0 +1,73 @@
+//! The Cluster service: one member, this server. Membership changes are meaningless without
+//! raft and answer `Unimplemented`.
+
+use tonic::{Request, Response, Status};
+
+use super::ServerInfo;
+use crate::mvcc::Store;
+use crate::pb::etcdserverpb as pb;
+
+pub struct ClusterService {
+    store: Store,
+    info: ServerInfo,
+}
+
+impl ClusterService {
+    pub fn new(store: Store, info: ServerInfo) -> Self {
+        Self { store, info }
+    }
+}
+
+fn unimplemented(what: &str) -> Status {
+    Status::unimplemented(format!(
+        "etcdsql: {what} is not supported: the cluster has one member per endpoint"
+    ))
+}
+
+#[tonic::async_trait]
+impl pb::cluster_server::Cluster for ClusterService {
+    async fn member_add(
+        &self,
+        _request: Request<pb::MemberAddRequest>,
+    ) -> Result<Response<pb::MemberAddResponse>, Status> {
+        Err(unimplemented("member add"))
+    }
+
+    async fn member_remove(
+        &self,
+        _request: Request<pb::MemberRemoveRequest>,
+    ) -> Result<Response<pb::MemberRemoveResponse>, Status> {
+        Err(unimplemented("member remove"))
+    }
+
+    async fn member_update(
+        &self,
+        _request: Request<pb::MemberUpdateRequest>,
+    ) -> Result<Response<pb::MemberUpdateResponse>, Status> {
+        Err(unimplemented("member update"))
+    }
+
+    async fn member_list(
+        &self,
+        _request: Request<pb::MemberListRequest>,
+    ) -> Result<Response<pb::MemberListResponse>, Status> {
+        let revisions = self.store.revisions().await?;
+        Ok(Response::new(pb::MemberListResponse {
+            header: self.info.header(revisions.current),
+            members: vec![pb::Member {
+                id: self.info.member_id,
+                name: self.info.name.clone(),
+                peer_ur_ls: Vec::new(),
+                client_ur_ls: self.info.client_urls.clone(),
+                is_learner: false,
+            }],
+        }))
+    }
+
+    async fn member_promote(
+        &self,
+        _request: Request<pb::MemberPromoteRequest>,
+    ) -> Result<Response<pb::MemberPromoteResponse>, Status> {
+        Err(unimplemented("member promote"))
+    }
+}

@@ -1,0 +1,109 @@
+//! The Maintenance service: Status and Alarm, which kube-apiserver and etcdctl rely on. The
+//! operations that only make sense for etcd's own storage (snapshots, hashes, leader moves,
+//! downgrades) answer `Unimplemented`, naming the operation.
+
+use tonic::{Request, Response, Status};
+
+use super::{RAFT_TERM, ServerInfo};
+use crate::mvcc::Store;
+use crate::pb::etcdserverpb as pb;
+
+pub struct MaintenanceService {
+    store: Store,
+    info: ServerInfo,
+}
+
+impl MaintenanceService {
+    pub fn new(store: Store, info: ServerInfo) -> Self {
+        Self { store, info }
+    }
+}
+
+fn unimplemented(what: &str) -> Status {
+    Status::unimplemented(format!("etcdsql: {what} is not supported"))
+}
+
+#[tonic::async_trait]
+impl pb::maintenance_server::Maintenance for MaintenanceService {
+    async fn alarm(
+        &self,
+        request: Request<pb::AlarmRequest>,
+    ) -> Result<Response<pb::AlarmResponse>, Status> {
+        // No alarm is ever raised (no size quota yet), so GET lists none and DEACTIVATE has
+        // nothing to clear; ACTIVATE is an operator's test tool that we do not emulate.
+        if request.get_ref().action == pb::alarm_request::AlarmAction::Activate as i32 {
+            return Err(unimplemented("activating an alarm"));
+        }
+        let revisions = self.store.revisions().await?;
+        Ok(Response::new(pb::AlarmResponse {
+            header: self.info.header(revisions.current),
+            alarms: Vec::new(),
+        }))
+    }
+
+    async fn status(
+        &self,
+        _request: Request<pb::StatusRequest>,
+    ) -> Result<Response<pb::StatusResponse>, Status> {
+        let revisions = self.store.revisions().await?;
+        let size = self.store.size().await?;
+        let index = u64::try_from(revisions.current).unwrap_or_default();
+        Ok(Response::new(pb::StatusResponse {
+            header: self.info.header(revisions.current),
+            version: self.info.version.clone(),
+            db_size: size.total,
+            leader: self.info.member_id,
+            raft_index: index,
+            raft_term: RAFT_TERM,
+            raft_applied_index: index,
+            errors: Vec::new(),
+            db_size_in_use: size.in_use,
+            is_learner: false,
+            ..Default::default()
+        }))
+    }
+
+    async fn defragment(
+        &self,
+        _request: Request<pb::DefragmentRequest>,
+    ) -> Result<Response<pb::DefragmentResponse>, Status> {
+        Err(unimplemented("defragment"))
+    }
+
+    async fn hash(
+        &self,
+        _request: Request<pb::HashRequest>,
+    ) -> Result<Response<pb::HashResponse>, Status> {
+        Err(unimplemented("hash"))
+    }
+
+    async fn hash_kv(
+        &self,
+        _request: Request<pb::HashKvRequest>,
+    ) -> Result<Response<pb::HashKvResponse>, Status> {
+        Err(unimplemented("hashkv"))
+    }
+
+    type SnapshotStream = tokio_stream::Empty<Result<pb::SnapshotResponse, Status>>;
+
+    async fn snapshot(
+        &self,
+        _request: Request<pb::SnapshotRequest>,
+    ) -> Result<Response<Self::SnapshotStream>, Status> {
+        Err(unimplemented("snapshot"))
+    }
+
+    async fn move_leader(
+        &self,
+        _request: Request<pb::MoveLeaderRequest>,
+    ) -> Result<Response<pb::MoveLeaderResponse>, Status> {
+        Err(unimplemented("move-leader"))
+    }
+
+    async fn downgrade(
+        &self,
+        _request: Request<pb::DowngradeRequest>,
+    ) -> Result<Response<pb::DowngradeResponse>, Status> {
+        Err(unimplemented("downgrade"))
+    }
+}

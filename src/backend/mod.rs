@@ -1,0 +1,148 @@
+//! Storage backends: the only code in etcdsql that speaks SQL.
+//!
+//! A backend stores the revision log (one [`LogRow`] per change of one key) and a little scalar
+//! state (current and compact revision, cluster id). It knows nothing of etcd's API: the MVCC
+//! layer above decides what to write; a backend only answers these questions and applies rows.
+//!
+//! Invariants every backend keeps:
+//! - A [`ReadTxn`] is a consistent snapshot: the revisions it reports and the rows it returns
+//!   come from one committed state.
+//! - A [`WriteTxn`] is exclusive: while it is open no other writer commits, so the revision it
+//!   reads as current is the one it will extend. Nothing it wrote is visible before `commit`.
+//! - Keys compare byte-wise, in every query and index.
+
+pub mod sqlite;
+
+use async_trait::async_trait;
+
+/// One change of one key at one revision: a row of the log table.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LogRow {
+    pub revision: i64,
+    /// Position of the change inside its revision (etcd's sub-revision).
+    pub sub: i64,
+    pub key: Vec<u8>,
+    pub created: bool,
+    pub deleted: bool,
+    pub create_revision: i64,
+    pub prev_revision: i64,
+    /// Version after a put; for a tombstone, the version the key had when it was deleted.
+    pub version: i64,
+    pub lease: i64,
+    pub value: Vec<u8>,
+    /// Value before this change, `None` when the key was absent.
+    pub old_value: Option<Vec<u8>>,
+    pub old_lease: i64,
+}
+
+/// Where a key range ends.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RangeEnd {
+    /// Only the start key itself.
+    Single,
+    /// Every key at or after the start key (etcd's `range_end = "\0"`).
+    Unbounded,
+    /// Keys before this one (exclusive).
+    Before(Vec<u8>),
+}
+
+/// A scan of the live keys in a range as of one revision.
+#[derive(Clone, Debug)]
+pub struct Scan<'a> {
+    pub key: &'a [u8],
+    pub end: &'a RangeEnd,
+    pub revision: i64,
+    /// At most this many rows; `None` for all.
+    pub limit: Option<i64>,
+    /// Leave `value` empty (the caller only wants keys).
+    pub keys_only: bool,
+}
+
+/// The store's revision counters, read together.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Revisions {
+    pub current: i64,
+    pub compact: i64,
+}
+
+/// Sizes reported by Maintenance.Status.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DbSize {
+    pub total: i64,
+    pub in_use: i64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("database error: {0}")]
+    Sql(#[from] sqlx::Error),
+    #[error("database migration failed: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    #[error("unsupported endpoint {0:?}: expected sqlite://PATH")]
+    UnsupportedEndpoint(String),
+    #[error("cannot create the database folder {path}: {source}")]
+    CreateDir {
+        path: String,
+        source: std::io::Error,
+    },
+}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// A database holding the log.
+#[async_trait]
+pub trait Backend: Send + Sync + 'static {
+    /// Opens a consistent read snapshot.
+    async fn read(&self) -> Result<Box<dyn ReadTxn>>;
+    /// Opens the one write transaction; waits while another is open.
+    async fn write(&self) -> Result<Box<dyn WriteTxn>>;
+    /// The cluster id, chosen once when the database was created.
+    async fn cluster_id(&self) -> Result<u64>;
+    async fn size(&self) -> Result<DbSize>;
+    /// Physically removes rows that compaction to `compact` made invisible and that a change with
+    /// a revision in `(after, through]` superseded; see [`crate::mvcc::compaction`] for the rule.
+    /// Records `through` as done. Returns the number of rows removed.
+    async fn compact_window(&self, compact: i64, after: i64, through: i64) -> Result<u64>;
+    /// The revision up to which physical compaction has finished.
+    async fn compacted_through(&self) -> Result<i64>;
+    async fn close(&self);
+}
+
+/// Queries against one consistent state.
+#[async_trait]
+pub trait ReadTxn: Send {
+    async fn revisions(&mut self) -> Result<Revisions>;
+    /// Live (not deleted) keys of the range as of `scan.revision`, in key order.
+    async fn scan(&mut self, scan: &Scan<'_>) -> Result<Vec<LogRow>>;
+    /// How many live keys the range holds as of `revision`.
+    async fn count(&mut self, key: &[u8], end: &RangeEnd, revision: i64) -> Result<i64>;
+    /// The newest row of `key`, tombstone or not.
+    async fn latest(&mut self, key: &[u8]) -> Result<Option<LogRow>>;
+}
+
+/// The exclusive write transaction. Dropping it without `commit` rolls everything back.
+#[async_trait]
+pub trait WriteTxn: ReadTxn {
+    async fn insert(&mut self, row: &LogRow) -> Result<()>;
+    async fn set_current_revision(&mut self, revision: i64) -> Result<()>;
+    async fn set_compact_revision(&mut self, revision: i64) -> Result<()>;
+    /// Marks a point that `rollback_to_savepoint` returns to; nested savepoints are not needed.
+    async fn savepoint(&mut self) -> Result<()>;
+    async fn release_savepoint(&mut self) -> Result<()>;
+    async fn rollback_to_savepoint(&mut self) -> Result<()>;
+    async fn commit(self: Box<Self>) -> Result<()>;
+}
+
+/// Opens the backend an endpoint URL names.
+///
+/// # Errors
+/// An unknown scheme, an unreachable database, or a failed migration.
+pub async fn open(endpoint: &str) -> Result<std::sync::Arc<dyn Backend>> {
+    if let Some(path) = endpoint.strip_prefix("sqlite://") {
+        Ok(std::sync::Arc::new(
+            sqlite::SqliteBackend::open(path).await?,
+        ))
+    } else {
+        Err(Error::UnsupportedEndpoint(endpoint.to_owned()))
+    }
+}

@@ -1,0 +1,381 @@
+//! The SQLite backend: one database file in WAL mode.
+//!
+//! Writers go through a pool of exactly one connection, so "one write transaction at a time"
+//! holds inside this process without relying on SQLite's busy handler; readers use their own
+//! read-only pool and, thanks to WAL, never block the writer or wait for it. `synchronous=FULL`
+//! makes a committed transaction survive power loss: under WAL, NORMAL may lose the last commits,
+//! which would break "an acknowledged write is never lost". Group commit in the MVCC layer keeps
+//! that to one fsync per batch rather than per request.
+//!
+//! One etcdsql process owns the file: a second process writing the same file would be serialised
+//! by SQLite but its commits would not wake this process's watchers. Use PostgreSQL for several.
+
+use std::path::Path;
+use std::str::FromStr;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
+    SqliteSynchronous,
+};
+use sqlx::{Row, Sqlite, Transaction};
+
+use super::{Backend, DbSize, Error, LogRow, RangeEnd, ReadTxn, Result, Revisions, Scan, WriteTxn};
+
+static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
+
+/// Columns of [`LogRow`] in the order `decode_row` reads them (a macro so that queries stay
+/// string literals).
+macro_rules! row_columns {
+    () => {
+        "revision, sub, name, created, deleted, create_revision, prev_revision, version, lease, \
+         value, old_value, old_lease"
+    };
+}
+
+/// "The newest row of each key in a range, as of revision ?3, if it is live." `$range` selects
+/// the keys (`?1` start, `?2` end).
+macro_rules! live_rows {
+    ($range:literal) => {
+        concat!(
+            " FROM kv_log AS k WHERE ",
+            $range,
+            " AND k.revision = (SELECT MAX(r.revision) FROM kv_log AS r \
+              WHERE r.name = k.name AND r.revision <= ?3) AND k.deleted = 0"
+        )
+    };
+}
+
+/// A scan in key order, at most `?4` rows. `$value` is `k.value`, or an empty blob for keys-only
+/// scans; `old_value` is never read, so large blobs stay on disk when unneeded.
+macro_rules! scan_sql {
+    ($value:literal, $range:literal) => {
+        concat!(
+            "SELECT k.revision, k.sub, k.name, k.created, k.deleted, k.create_revision, \
+             k.prev_revision, k.version, k.lease, ",
+            $value,
+            ", NULL, k.old_lease",
+            live_rows!($range),
+            " ORDER BY k.name LIMIT ?4"
+        )
+    };
+}
+
+macro_rules! count_sql {
+    ($range:literal) => {
+        concat!("SELECT COUNT(*)", live_rows!($range))
+    };
+}
+
+pub struct SqliteBackend {
+    /// Exactly one connection: the single writer.
+    writer: SqlitePool,
+    readers: SqlitePool,
+}
+
+impl SqliteBackend {
+    /// Opens (creating if needed) the database file at `path` and migrates it.
+    ///
+    /// # Errors
+    /// The folder cannot be created, the file cannot be opened, or a migration fails.
+    pub async fn open(path: &str) -> Result<Self> {
+        let (path, in_memory) = match path {
+            ":memory:" | "" => (":memory:", true),
+            p => (p, false),
+        };
+        if !in_memory {
+            if let Some(dir) = Path::new(path)
+                .parent()
+                .filter(|d| !d.as_os_str().is_empty())
+            {
+                std::fs::create_dir_all(dir).map_err(|source| Error::CreateDir {
+                    path: dir.display().to_string(),
+                    source,
+                })?;
+            }
+        }
+        let base = SqliteConnectOptions::from_str(&format!("sqlite://{path}"))?
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Full)
+            .busy_timeout(Duration::from_secs(10))
+            .pragma("cache_size", "-32768")
+            .pragma("temp_store", "memory");
+        let writer = SqlitePoolOptions::new()
+            .max_connections(1)
+            .min_connections(1)
+            .idle_timeout(None)
+            .max_lifetime(None)
+            .connect_with(base.clone())
+            .await?;
+        MIGRATOR.run(&writer).await?;
+        let cluster_id = rand::random::<u64>() >> 1 | 1;
+        sqlx::query("INSERT OR IGNORE INTO meta (name, value) VALUES ('cluster_id', ?)")
+            .bind(cluster_id as i64)
+            .execute(&writer)
+            .await?;
+        let readers = if in_memory {
+            // A private in-memory database exists only on its one connection.
+            writer.clone()
+        } else {
+            let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+            SqlitePoolOptions::new()
+                .max_connections((cores * 2).max(4) as u32)
+                .idle_timeout(Some(Duration::from_secs(600)))
+                .connect_with(base.read_only(true))
+                .await?
+        };
+        Ok(Self { writer, readers })
+    }
+}
+
+#[async_trait]
+impl Backend for SqliteBackend {
+    async fn read(&self) -> Result<Box<dyn ReadTxn>> {
+        Ok(Box::new(SqliteTxn(self.readers.begin().await?)))
+    }
+
+    async fn write(&self) -> Result<Box<dyn WriteTxn>> {
+        // IMMEDIATE takes SQLite's write lock now rather than at the first write, so the current
+        // revision read at the start cannot be overtaken by another writer.
+        Ok(Box::new(SqliteTxn(
+            self.writer.begin_with("BEGIN IMMEDIATE").await?,
+        )))
+    }
+
+    async fn cluster_id(&self) -> Result<u64> {
+        let id: i64 = sqlx::query_scalar("SELECT value FROM meta WHERE name = 'cluster_id'")
+            .fetch_one(&self.readers)
+            .await?;
+        Ok(id as u64)
+    }
+
+    async fn size(&self) -> Result<DbSize> {
+        let mut conn = self.readers.acquire().await?;
+        let page_size: i64 = sqlx::query_scalar("PRAGMA page_size")
+            .fetch_one(&mut *conn)
+            .await?;
+        let pages: i64 = sqlx::query_scalar("PRAGMA page_count")
+            .fetch_one(&mut *conn)
+            .await?;
+        let free: i64 = sqlx::query_scalar("PRAGMA freelist_count")
+            .fetch_one(&mut *conn)
+            .await?;
+        Ok(DbSize {
+            total: pages * page_size,
+            in_use: (pages - free) * page_size,
+        })
+    }
+
+    async fn compact_window(&self, compact: i64, after: i64, through: i64) -> Result<u64> {
+        debug_assert!(through <= compact);
+        let mut tx = self.writer.begin_with("BEGIN IMMEDIATE").await?;
+        // Rows superseded by a change in (after, through]: no read at or above the compact
+        // revision can see them, since their successor is at or below it.
+        let superseded = sqlx::query(
+            "DELETE FROM kv_log WHERE rowid IN ( \
+                 SELECT p.rowid FROM kv_log AS s \
+                 JOIN kv_log AS p ON p.name = s.name AND p.revision = s.prev_revision \
+                 WHERE s.revision > ?1 AND s.revision <= ?2 AND s.prev_revision > 0)",
+        )
+        .bind(after)
+        .bind(through)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        // Tombstones below the compact revision: a key that is absent needs no row to say so.
+        // The windows [after, through) tile [previous compact, compact) exactly.
+        let tombstones = sqlx::query(
+            "DELETE FROM kv_log WHERE deleted = 1 AND revision >= ?1 AND revision < ?2",
+        )
+        .bind(after)
+        .bind(through)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        sqlx::query("UPDATE meta SET value = ?1 WHERE name = 'compacted_through'")
+            .bind(through)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(superseded + tombstones)
+    }
+
+    async fn compacted_through(&self) -> Result<i64> {
+        Ok(
+            sqlx::query_scalar("SELECT value FROM meta WHERE name = 'compacted_through'")
+                .fetch_one(&self.readers)
+                .await?,
+        )
+    }
+
+    async fn close(&self) {
+        self.readers.close().await;
+        self.writer.close().await;
+    }
+}
+
+/// A transaction on either pool: reads and writes share their queries.
+struct SqliteTxn(Transaction<'static, Sqlite>);
+
+fn end_key(end: &RangeEnd) -> &[u8] {
+    match end {
+        RangeEnd::Before(end) => end,
+        RangeEnd::Single | RangeEnd::Unbounded => &[],
+    }
+}
+
+fn decode_row(row: &SqliteRow) -> Result<LogRow> {
+    Ok(LogRow {
+        revision: row.try_get(0)?,
+        sub: row.try_get(1)?,
+        key: row.try_get(2)?,
+        created: row.try_get(3)?,
+        deleted: row.try_get(4)?,
+        create_revision: row.try_get(5)?,
+        prev_revision: row.try_get(6)?,
+        version: row.try_get(7)?,
+        lease: row.try_get(8)?,
+        value: row.try_get(9)?,
+        old_value: row.try_get(10)?,
+        old_lease: row.try_get(11)?,
+    })
+}
+
+#[async_trait]
+impl ReadTxn for SqliteTxn {
+    async fn revisions(&mut self) -> Result<Revisions> {
+        let rows: Vec<(String, i64)> = sqlx::query_as(
+            "SELECT name, value FROM meta WHERE name IN ('current_revision', 'compact_revision')",
+        )
+        .fetch_all(&mut *self.0)
+        .await?;
+        let mut revisions = Revisions {
+            current: 1,
+            compact: 0,
+        };
+        for (name, value) in rows {
+            match name.as_str() {
+                "current_revision" => revisions.current = value,
+                _ => revisions.compact = value,
+            }
+        }
+        Ok(revisions)
+    }
+
+    async fn scan(&mut self, scan: &Scan<'_>) -> Result<Vec<LogRow>> {
+        let sql = match (scan.end, scan.keys_only) {
+            (RangeEnd::Single, false) => scan_sql!("k.value", "k.name = ?1"),
+            (RangeEnd::Single, true) => scan_sql!("x''", "k.name = ?1"),
+            (RangeEnd::Unbounded, false) => scan_sql!("k.value", "k.name >= ?1"),
+            (RangeEnd::Unbounded, true) => scan_sql!("x''", "k.name >= ?1"),
+            (RangeEnd::Before(_), false) => scan_sql!("k.value", "k.name >= ?1 AND k.name < ?2"),
+            (RangeEnd::Before(_), true) => scan_sql!("x''", "k.name >= ?1 AND k.name < ?2"),
+        };
+        let rows = sqlx::query(sql)
+            .bind(scan.key)
+            .bind(end_key(scan.end))
+            .bind(scan.revision)
+            .bind(scan.limit.unwrap_or(-1))
+            .fetch_all(&mut *self.0)
+            .await?;
+        rows.iter().map(decode_row).collect()
+    }
+
+    async fn count(&mut self, key: &[u8], end: &RangeEnd, revision: i64) -> Result<i64> {
+        let sql = match end {
+            RangeEnd::Single => count_sql!("k.name = ?1"),
+            RangeEnd::Unbounded => count_sql!("k.name >= ?1"),
+            RangeEnd::Before(_) => count_sql!("k.name >= ?1 AND k.name < ?2"),
+        };
+        Ok(sqlx::query_scalar(sql)
+            .bind(key)
+            .bind(end_key(end))
+            .bind(revision)
+            .fetch_one(&mut *self.0)
+            .await?)
+    }
+
+    async fn latest(&mut self, key: &[u8]) -> Result<Option<LogRow>> {
+        let sql = concat!(
+            "SELECT ",
+            row_columns!(),
+            " FROM kv_log WHERE name = ?1 ORDER BY revision DESC LIMIT 1"
+        );
+        let row = sqlx::query(sql)
+            .bind(key)
+            .fetch_optional(&mut *self.0)
+            .await?;
+        row.as_ref().map(decode_row).transpose()
+    }
+}
+
+#[async_trait]
+impl WriteTxn for SqliteTxn {
+    async fn insert(&mut self, row: &LogRow) -> Result<()> {
+        let sql = concat!(
+            "INSERT INTO kv_log (",
+            row_columns!(),
+            ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)"
+        );
+        sqlx::query(sql)
+            .bind(row.revision)
+            .bind(row.sub)
+            .bind(&row.key)
+            .bind(row.created)
+            .bind(row.deleted)
+            .bind(row.create_revision)
+            .bind(row.prev_revision)
+            .bind(row.version)
+            .bind(row.lease)
+            .bind(&row.value)
+            .bind(&row.old_value)
+            .bind(row.old_lease)
+            .execute(&mut *self.0)
+            .await?;
+        Ok(())
+    }
+
+    async fn set_current_revision(&mut self, revision: i64) -> Result<()> {
+        sqlx::query("UPDATE meta SET value = ?1 WHERE name = 'current_revision'")
+            .bind(revision)
+            .execute(&mut *self.0)
+            .await?;
+        Ok(())
+    }
+
+    async fn set_compact_revision(&mut self, revision: i64) -> Result<()> {
+        sqlx::query("UPDATE meta SET value = ?1 WHERE name = 'compact_revision'")
+            .bind(revision)
+            .execute(&mut *self.0)
+            .await?;
+        Ok(())
+    }
+
+    async fn savepoint(&mut self) -> Result<()> {
+        sqlx::query("SAVEPOINT request")
+            .execute(&mut *self.0)
+            .await?;
+        Ok(())
+    }
+
+    async fn release_savepoint(&mut self) -> Result<()> {
+        sqlx::query("RELEASE request").execute(&mut *self.0).await?;
+        Ok(())
+    }
+
+    async fn rollback_to_savepoint(&mut self) -> Result<()> {
+        // ROLLBACK TO keeps the savepoint open; release it so the next request starts clean.
+        sqlx::query("ROLLBACK TO request")
+            .execute(&mut *self.0)
+            .await?;
+        sqlx::query("RELEASE request").execute(&mut *self.0).await?;
+        Ok(())
+    }
+
+    async fn commit(self: Box<Self>) -> Result<()> {
+        self.0.commit().await?;
+        Ok(())
+    }
+}

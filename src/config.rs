@@ -1,0 +1,111 @@
+//! The one configuration struct: every flag has an `ETCDSQL_…` environment variable and a
+//! default, and the flag names follow etcd's where etcd has the same setting.
+
+use clap::Parser;
+
+/// An etcd v3-compatible server that keeps its data in SQL.
+///
+/// Point kube-apiserver's `--etcd-servers` (or etcdctl's `--endpoints`) at it.
+#[derive(Parser, Debug, Clone)]
+#[command(name = "etcdsql", version, about, long_about = None)]
+pub struct Config {
+    /// URLs to serve clients on (gRPC and HTTP on the same port), comma-separated.
+    #[arg(
+        long,
+        env = "ETCDSQL_LISTEN_CLIENT_URLS",
+        default_value = "http://127.0.0.1:2379",
+        value_delimiter = ','
+    )]
+    pub listen_client_urls: Vec<String>,
+
+    /// URLs clients are told to use (MemberList); defaults to the listen URLs as bound.
+    #[arg(long, env = "ETCDSQL_ADVERTISE_CLIENT_URLS", value_delimiter = ',')]
+    pub advertise_client_urls: Vec<String>,
+
+    /// Where the data lives. `sqlite://PATH` (the folder is created if missing).
+    #[arg(
+        long,
+        env = "ETCDSQL_ENDPOINT",
+        default_value = "sqlite://./db/state.db"
+    )]
+    pub endpoint: String,
+
+    /// Human-readable member name, reported by MemberList.
+    #[arg(long, env = "ETCDSQL_NAME", default_value = "default")]
+    pub name: String,
+
+    /// The etcd version reported by Status and /version. Clients switch features on it.
+    #[arg(long, env = "ETCDSQL_EMULATED_ETCD_VERSION", default_value = "3.5.0", value_parser = parse_version)]
+    pub emulated_etcd_version: String,
+
+    /// Largest request accepted, in bytes; larger ones get "etcdserver: request is too large".
+    #[arg(long, env = "ETCDSQL_MAX_REQUEST_BYTES", default_value_t = 1_572_864)]
+    pub max_request_bytes: usize,
+
+    /// Most operations (compares, or ops per branch) one txn may hold.
+    #[arg(long, env = "ETCDSQL_MAX_TXN_OPS", default_value_t = 128)]
+    pub max_txn_ops: usize,
+
+    /// Seconds to let in-flight requests and streams finish at shutdown.
+    #[arg(long, env = "ETCDSQL_SHUTDOWN_GRACE", default_value_t = 10)]
+    pub shutdown_grace_seconds: u64,
+
+    /// Log filter (tracing's syntax), e.g. `info` or `etcdsql=debug`.
+    #[arg(long, env = "ETCDSQL_LOG_LEVEL", default_value = "info")]
+    pub log_level: String,
+
+    /// Log format: `text` or `json`.
+    #[arg(long, env = "ETCDSQL_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
+    pub log_format: String,
+}
+
+fn parse_version(s: &str) -> Result<String, String> {
+    let parts: Vec<&str> = s.split('.').collect();
+    if parts.len() == 3
+        && parts
+            .iter()
+            .all(|p| !p.is_empty() && p.parse::<u32>().is_ok())
+    {
+        Ok(s.to_owned())
+    } else {
+        Err(format!("{s:?} is not a version like 3.5.0"))
+    }
+}
+
+impl Config {
+    /// The defaults, as if no flag were given; tests adjust the fields they need.
+    pub fn defaults() -> Self {
+        Self::parse_from(["etcdsql"])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_match_etcd() {
+        let c = Config::defaults();
+        assert_eq!(c.listen_client_urls, vec!["http://127.0.0.1:2379"]);
+        assert_eq!(c.max_request_bytes, 1_572_864);
+        assert_eq!(c.max_txn_ops, 128);
+        assert_eq!(c.endpoint, "sqlite://./db/state.db");
+    }
+
+    #[test]
+    fn versions_are_checked() {
+        assert!(parse_version("3.6.4").is_ok());
+        assert!(parse_version("3.6").is_err());
+        assert!(parse_version("v3.6.4").is_err());
+    }
+
+    #[test]
+    fn urls_split_on_commas() {
+        let c = Config::parse_from([
+            "etcdsql",
+            "--listen-client-urls",
+            "http://127.0.0.1:1,http://127.0.0.1:2",
+        ]);
+        assert_eq!(c.listen_client_urls.len(), 2);
+    }
+}

@@ -1,0 +1,509 @@
+//! MVCC: etcd's revision semantics on top of a backend's log (no gRPC, no SQL).
+//!
+//! # Revisions
+//! The store's revision starts at 1 and grows by exactly one for each txn that changes
+//! something; all changes of one txn share it. Revisions are allocated only by the single
+//! writer task, inside the backend's exclusive write transaction, so they are gapless and
+//! become visible in order: a reader sees either all of a revision or none of it.
+//!
+//! # Group commit
+//! Every write (Put, DeleteRange, Txn, Compact) is sent to the writer task. It takes all jobs
+//! waiting in its queue (up to [`MAX_BATCH`]), runs them one after another in one database
+//! transaction — each inside a savepoint, so a failing request rolls back alone — and commits
+//! once. Replies go out only after the commit, so an acknowledged write is durable, and a batch
+//! costs one fsync however many requests it holds. Conflicts cannot arise: each request sees the
+//! effects of the ones before it, exactly as if they had run one at a time.
+//!
+//! # Reads
+//! Range reads run on the backend's read snapshots, concurrently with the writer. They see every
+//! acknowledged write because replies follow commits.
+//!
+//! # Compaction
+//! `Compact(C)` records C as the compact revision in the writer's transaction; from then on
+//! reads and watches below C answer "compacted". A background task then deletes, in small
+//! transactions, every row that no read at or above C can see: rows superseded by a change at or
+//! below C, and tombstones below C. Deleting them never changes what a read at C or later
+//! returns, so it may lag behind.
+
+pub mod compare;
+mod txn;
+pub mod types;
+
+use std::sync::Arc;
+
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::backend::{self, Backend, DbSize, ReadTxn, Revisions, Scan};
+use compare::{fetch_limit, finish_range};
+use txn::TxnExec;
+use types::{
+    DeleteRequest, DeleteResponse, KeyValue, Op, OpResponse, PutRequest, PutResponse, RangeRequest,
+    RangeResponse, Revisioned, TxnRequest, TxnResponse,
+};
+
+/// Most write requests one database transaction holds.
+const MAX_BATCH: usize = 512;
+/// Revisions per physical-compaction transaction: small enough that the writer waits only
+/// milliseconds for one.
+const COMPACTION_CHUNK: i64 = 1000;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("mvcc: required revision has been compacted")]
+    Compacted,
+    #[error("mvcc: required revision is a future revision")]
+    FutureRevision,
+    /// A Put with `ignore_value` or `ignore_lease` on a key that does not exist.
+    #[error("key not found")]
+    KeyNotFound,
+    #[error(transparent)]
+    Backend(Arc<backend::Error>),
+    #[error("the store is shutting down")]
+    ShuttingDown,
+}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+impl From<backend::Error> for Error {
+    fn from(e: backend::Error) -> Self {
+        Error::Backend(Arc::new(e))
+    }
+}
+
+/// The revision a read at `requested` (0 = current) sees, or why it cannot.
+pub(crate) fn resolve_read_revision(requested: i64, current: i64, compact: i64) -> Result<i64> {
+    if requested > current {
+        return Err(Error::FutureRevision);
+    }
+    let revision = if requested <= 0 { current } else { requested };
+    if revision < compact {
+        return Err(Error::Compacted);
+    }
+    Ok(revision)
+}
+
+/// Reads a Range at `view` (the revision "current" means to this reader).
+async fn read_range(
+    tx: &mut dyn ReadTxn,
+    req: &RangeRequest,
+    view: i64,
+    compact: i64,
+) -> Result<RangeResponse> {
+    let revision = resolve_read_revision(req.revision, view, compact)?;
+    if req.count_only {
+        let count = tx.count(&req.range.key, &req.range.end, revision).await?;
+        return Ok(RangeResponse {
+            count,
+            ..RangeResponse::default()
+        });
+    }
+    let limit = fetch_limit(req);
+    let rows = tx
+        .scan(&Scan {
+            key: &req.range.key,
+            end: &req.range.end,
+            revision,
+            limit,
+            keys_only: req.keys_only,
+        })
+        .await?;
+    // A scan that was not cut short saw every key: its length is the count.
+    let count = match limit {
+        Some(limit) if rows.len() as i64 >= limit => {
+            tx.count(&req.range.key, &req.range.end, revision).await?
+        }
+        _ => rows.len() as i64,
+    };
+    let kvs = rows.into_iter().map(KeyValue::from_row).collect();
+    Ok(finish_range(req, kvs, count))
+}
+
+enum WriteJob {
+    Txn {
+        req: TxnRequest,
+        reply: oneshot::Sender<Result<Revisioned<TxnResponse>>>,
+    },
+    Compact {
+        revision: i64,
+        reply: oneshot::Sender<Result<i64>>,
+    },
+}
+
+/// A handle to the store; cheap to clone.
+#[derive(Clone)]
+pub struct Store {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    backend: Arc<dyn Backend>,
+    /// The writer task's queue. Bounded so a flood of writes waits instead of growing memory.
+    writes: mpsc::Sender<WriteJob>,
+    /// Revision up to which rows have been physically compacted, for `Compact(physical)`.
+    compacted: watch::Receiver<i64>,
+}
+
+impl Store {
+    /// Starts the writer and compactor tasks on `tracker`; they stop when `shutdown` fires,
+    /// after finishing the batch at hand.
+    ///
+    /// # Errors
+    /// The backend cannot be read.
+    pub async fn start(
+        backend: Arc<dyn Backend>,
+        tracker: &TaskTracker,
+        shutdown: CancellationToken,
+    ) -> Result<Self> {
+        let (writes, queue) = mpsc::channel(4 * MAX_BATCH);
+        let compact_revision = backend.read().await?.revisions().await?.compact;
+        let (compact_target, target_rx) = watch::channel(compact_revision);
+        let done = backend.compacted_through().await?;
+        let (compacted_tx, compacted) = watch::channel(done);
+        tracker.spawn(run_writer(
+            backend.clone(),
+            queue,
+            compact_target,
+            shutdown.clone(),
+        ));
+        tracker.spawn(run_compactor(
+            backend.clone(),
+            target_rx,
+            compacted_tx,
+            shutdown,
+        ));
+        Ok(Self {
+            inner: Arc::new(Inner {
+                backend,
+                writes,
+                compacted,
+            }),
+        })
+    }
+
+    pub fn backend(&self) -> &Arc<dyn Backend> {
+        &self.inner.backend
+    }
+
+    /// The current and compact revisions.
+    ///
+    /// # Errors
+    /// The backend is unreachable.
+    pub async fn revisions(&self) -> Result<Revisions> {
+        Ok(self.inner.backend.read().await?.revisions().await?)
+    }
+
+    /// # Errors
+    /// The backend is unreachable.
+    pub async fn size(&self) -> Result<DbSize> {
+        Ok(self.inner.backend.size().await?)
+    }
+
+    /// A linearizable read of a range.
+    ///
+    /// # Errors
+    /// The revision is compacted or in the future, or the backend is unreachable.
+    pub async fn range(&self, req: &RangeRequest) -> Result<Revisioned<RangeResponse>> {
+        let mut tx = self.inner.backend.read().await?;
+        let revisions = tx.revisions().await?;
+        let value = read_range(tx.as_mut(), req, revisions.current, revisions.compact).await?;
+        Ok(Revisioned {
+            revision: revisions.current,
+            value,
+        })
+    }
+
+    /// Runs a txn; the revision is the one it wrote at, or the current one if it wrote nothing.
+    ///
+    /// # Errors
+    /// A Put's `ignore_*` names a missing key, a Range names a compacted or future revision, or
+    /// the backend fails (then nothing of the txn was written).
+    pub async fn txn(&self, req: TxnRequest) -> Result<Revisioned<TxnResponse>> {
+        let (reply, answer) = oneshot::channel();
+        self.submit(WriteJob::Txn { req, reply }).await?;
+        answer.await.map_err(|_| Error::ShuttingDown)?
+    }
+
+    /// # Errors
+    /// As [`Store::txn`].
+    pub async fn put(&self, req: PutRequest) -> Result<Revisioned<PutResponse>> {
+        let out = self.single_op(Op::Put(req)).await?;
+        match out.value {
+            OpResponse::Put(put) => Ok(Revisioned {
+                revision: out.revision,
+                value: put,
+            }),
+            _ => unreachable!("a put op answers with a put response"),
+        }
+    }
+
+    /// # Errors
+    /// As [`Store::txn`].
+    pub async fn delete(&self, req: DeleteRequest) -> Result<Revisioned<DeleteResponse>> {
+        let out = self.single_op(Op::Delete(req)).await?;
+        match out.value {
+            OpResponse::Delete(delete) => Ok(Revisioned {
+                revision: out.revision,
+                value: delete,
+            }),
+            _ => unreachable!("a delete op answers with a delete response"),
+        }
+    }
+
+    async fn single_op(&self, op: Op) -> Result<Revisioned<OpResponse>> {
+        let out = self
+            .txn(TxnRequest {
+                compares: Vec::new(),
+                success: vec![op],
+                failure: Vec::new(),
+            })
+            .await?;
+        let response = out.value.responses.into_iter().next();
+        Ok(Revisioned {
+            revision: out.revision,
+            value: response.ok_or(Error::ShuttingDown)?,
+        })
+    }
+
+    /// Compacts the log at `revision`; with `physical`, waits until the superseded rows are gone.
+    /// Returns the current revision.
+    ///
+    /// # Errors
+    /// `Compacted` if `revision` is not above the compact revision, `FutureRevision` if it is
+    /// above the current one.
+    pub async fn compact(&self, revision: i64, physical: bool) -> Result<i64> {
+        let (reply, answer) = oneshot::channel();
+        self.submit(WriteJob::Compact { revision, reply }).await?;
+        let current = answer.await.map_err(|_| Error::ShuttingDown)??;
+        if physical {
+            let mut compacted = self.inner.compacted.clone();
+            compacted
+                .wait_for(|done| *done >= revision)
+                .await
+                .map_err(|_| Error::ShuttingDown)?;
+        }
+        Ok(current)
+    }
+
+    async fn submit(&self, job: WriteJob) -> Result<()> {
+        self.inner
+            .writes
+            .send(job)
+            .await
+            .map_err(|_| Error::ShuttingDown)
+    }
+}
+
+/// The single writer: drains the queue in batches, one database transaction per batch.
+async fn run_writer(
+    backend: Arc<dyn Backend>,
+    mut queue: mpsc::Receiver<WriteJob>,
+    compact_target: watch::Sender<i64>,
+    shutdown: CancellationToken,
+) {
+    let mut batch = Vec::with_capacity(MAX_BATCH);
+    loop {
+        let received = tokio::select! {
+            n = queue.recv_many(&mut batch, MAX_BATCH) => n,
+            () = shutdown.cancelled() => 0,
+        };
+        if received == 0 {
+            break;
+        }
+        if let Some(compact) = write_batch(backend.as_ref(), &mut batch).await {
+            compact_target.send_replace(compact);
+        }
+    }
+    // Requests still queued at shutdown were never acknowledged: dropping them tells callers.
+    queue.close();
+}
+
+/// What one job of a batch will be answered, once the batch has committed.
+enum Outcome {
+    Txn(
+        oneshot::Sender<Result<Revisioned<TxnResponse>>>,
+        Result<Revisioned<TxnResponse>>,
+    ),
+    Compact(oneshot::Sender<Result<i64>>, Result<i64>),
+}
+
+impl Outcome {
+    /// An outcome for a job the batch never ran; replaced by the batch's error when sent.
+    fn failed(job: WriteJob) -> Self {
+        match job {
+            WriteJob::Txn { reply, .. } => Outcome::Txn(reply, Err(Error::ShuttingDown)),
+            WriteJob::Compact { reply, .. } => Outcome::Compact(reply, Err(Error::ShuttingDown)),
+        }
+    }
+
+    /// Sends the job's own answer if its batch committed, else the batch's failure.
+    fn send(self, batch: &BatchResult) {
+        let failure = |e: &Arc<backend::Error>| Error::Backend(e.clone());
+        // A caller that gave up waiting is no reason to stop answering the others.
+        match self {
+            Outcome::Txn(reply, answer) => {
+                let _ = reply.send(batch.as_ref().map_err(failure).and(answer));
+            }
+            Outcome::Compact(reply, answer) => {
+                let _ = reply.send(batch.as_ref().map_err(failure).and(answer));
+            }
+        }
+    }
+}
+
+/// A committed batch's new compact revision (if it moved), or why the batch did not commit.
+type BatchResult = std::result::Result<Option<i64>, Arc<backend::Error>>;
+
+/// Runs and commits one batch, then answers every job. Returns the new compact revision if the
+/// batch moved it.
+async fn write_batch(backend: &dyn Backend, batch: &mut Vec<WriteJob>) -> Option<i64> {
+    let mut outcomes = Vec::with_capacity(batch.len());
+    let result = apply_batch(backend, batch.drain(..), &mut outcomes).await;
+    if let Err(e) = &result {
+        tracing::warn!(error = %e, requests = outcomes.len(), "write batch failed");
+    }
+    for outcome in outcomes {
+        outcome.send(&result);
+    }
+    result.ok().flatten()
+}
+
+/// Applies the jobs in one transaction and commits it. The jobs' answers are pushed to
+/// `outcomes` as they run, but they stand only if this returns `Ok`; it returns the compact
+/// revision the batch set, if any.
+async fn apply_batch(
+    backend: &dyn Backend,
+    jobs: impl Iterator<Item = WriteJob>,
+    outcomes: &mut Vec<Outcome>,
+) -> BatchResult {
+    let jobs: Vec<WriteJob> = jobs.collect();
+    let mut tx = match backend.write().await {
+        Ok(tx) => tx,
+        Err(e) => {
+            outcomes.extend(jobs.into_iter().map(Outcome::failed));
+            return Err(Arc::new(e));
+        }
+    };
+    let mut pending = jobs.into_iter();
+    let step: BatchResult = async {
+        let start = tx.revisions().await?;
+        let (mut current, mut compact) = (start.current, start.compact);
+        let mut compact_moved = None;
+        for job in pending.by_ref() {
+            match job {
+                WriteJob::Txn { req, reply } => {
+                    tx.savepoint().await?;
+                    let mut exec = TxnExec::new(tx.as_mut(), current, compact);
+                    let answer = exec.run(&req).await;
+                    let wrote = exec.wrote();
+                    let answer = match answer {
+                        Ok(value) => {
+                            tx.release_savepoint().await?;
+                            if wrote {
+                                current += 1;
+                            }
+                            Ok(Revisioned {
+                                revision: current,
+                                value,
+                            })
+                        }
+                        Err(Error::Backend(e)) => {
+                            outcomes.push(Outcome::Txn(reply, Err(Error::ShuttingDown)));
+                            return Err(e);
+                        }
+                        Err(e) => {
+                            tx.rollback_to_savepoint().await?;
+                            Err(e)
+                        }
+                    };
+                    outcomes.push(Outcome::Txn(reply, answer));
+                }
+                WriteJob::Compact { revision, reply } => {
+                    let answer = if revision <= compact {
+                        Err(Error::Compacted)
+                    } else if revision > current {
+                        Err(Error::FutureRevision)
+                    } else {
+                        tx.set_compact_revision(revision).await?;
+                        compact = revision;
+                        compact_moved = Some(revision);
+                        Ok(current)
+                    };
+                    outcomes.push(Outcome::Compact(reply, answer));
+                }
+            }
+        }
+        if current != start.current {
+            tx.set_current_revision(current).await?;
+        }
+        Ok(compact_moved)
+    }
+    .await;
+    let committed = match step {
+        Ok(compact_moved) => tx.commit().await.map(|()| compact_moved).map_err(Arc::new),
+        Err(e) => Err(e),
+    };
+    committed.map_err(|e| {
+        // Jobs the failed batch never reached are answered with the same failure.
+        outcomes.extend(pending.map(Outcome::failed));
+        e
+    })
+}
+
+/// Deletes what compaction made invisible, a chunk of revisions per transaction.
+async fn run_compactor(
+    backend: Arc<dyn Backend>,
+    mut target: watch::Receiver<i64>,
+    compacted: watch::Sender<i64>,
+    shutdown: CancellationToken,
+) {
+    let mut done = *compacted.borrow();
+    loop {
+        let goal = *target.borrow_and_update();
+        while done < goal && !shutdown.is_cancelled() {
+            let through = (done + COMPACTION_CHUNK).min(goal);
+            match backend.compact_window(goal, done, through).await {
+                Ok(removed) => {
+                    tracing::debug!(through, removed, "compacted");
+                    done = through;
+                    compacted.send_replace(done);
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "compaction failed; retrying");
+                    tokio::select! {
+                        () = tokio::time::sleep(std::time::Duration::from_secs(1)) => {}
+                        () = shutdown.cancelled() => return,
+                    }
+                }
+            }
+        }
+        tokio::select! {
+            changed = target.changed() => if changed.is_err() { return },
+            () = shutdown.cancelled() => return,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn read_revision_rules() {
+        // 0 and negatives read the current revision.
+        assert_eq!(resolve_read_revision(0, 10, 0).unwrap(), 10);
+        assert_eq!(resolve_read_revision(-3, 10, 0).unwrap(), 10);
+        assert_eq!(resolve_read_revision(7, 10, 5).unwrap(), 7);
+        // The compact revision itself is still readable; below it is not.
+        assert_eq!(resolve_read_revision(5, 10, 5).unwrap(), 5);
+        assert!(matches!(
+            resolve_read_revision(4, 10, 5),
+            Err(Error::Compacted)
+        ));
+        assert!(matches!(
+            resolve_read_revision(11, 10, 5),
+            Err(Error::FutureRevision)
+        ));
+    }
+}

@@ -1,0 +1,93 @@
+//! Starts a real etcdsql (real SQLite file, real gRPC port on 127.0.0.1) for a test, and stops
+//! it through the same shutdown path production uses.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+
+use etcd_client::Client;
+use etcdsql::{Config, Running};
+use tokio_util::sync::CancellationToken;
+
+pub struct TestServer {
+    pub addr: std::net::SocketAddr,
+    pub db_dir: PathBuf,
+    shutdown: CancellationToken,
+    running: Option<Running>,
+}
+
+impl TestServer {
+    /// A server on a fresh database in `dir`.
+    pub async fn start(dir: &Path) -> Self {
+        Self::start_with(dir, |_| {}).await
+    }
+
+    /// A server on the database in `dir` (created if missing), with `tweak` applied to the
+    /// default configuration.
+    pub async fn start_with(dir: &Path, tweak: impl FnOnce(&mut Config)) -> Self {
+        let mut config = Config::defaults();
+        config.listen_client_urls = vec!["http://127.0.0.1:0".into()];
+        config.advertise_client_urls = Vec::new();
+        config.endpoint = format!("sqlite://{}", dir.join("state.db").display());
+        config.shutdown_grace_seconds = 2;
+        tweak(&mut config);
+        let shutdown = CancellationToken::new();
+        let running = etcdsql::start(config, shutdown.clone())
+            .await
+            .expect("server starts");
+        Self {
+            addr: running.local_addrs[0],
+            db_dir: dir.to_path_buf(),
+            shutdown,
+            running: Some(running),
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub async fn client(&self) -> Client {
+        Client::connect([self.url()], None)
+            .await
+            .expect("client connects")
+    }
+
+    /// Graceful shutdown; returns once the database is closed.
+    pub async fn stop(mut self) {
+        self.shutdown.cancel();
+        if let Some(running) = self.running.take() {
+            running.wait().await.expect("clean shutdown");
+        }
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+/// The gRPC status inside a client error.
+pub fn status(err: etcd_client::Error) -> tonic::Status {
+    match err {
+        etcd_client::Error::GRpcStatus(status) => status,
+        other => panic!("expected a gRPC status, got {other:?}"),
+    }
+}
+
+/// Every field of each key-value, for comparing results (the client's type has no `==`).
+pub fn fields(kvs: &[etcd_client::KeyValue]) -> Vec<(Vec<u8>, i64, i64, i64, Vec<u8>, i64)> {
+    kvs.iter()
+        .map(|kv| {
+            (
+                kv.key().to_vec(),
+                kv.create_revision(),
+                kv.mod_revision(),
+                kv.version(),
+                kv.value().to_vec(),
+                kv.lease(),
+            )
+        })
+        .collect()
+}

@@ -1,0 +1,888 @@
+//! The KV service end to end: a real server on a real SQLite file, driven by the `etcd-client`
+//! crate. Expectations are etcd's behaviour (see SPEC.md §2, §3, §7, §8).
+
+mod common;
+
+use common::{TestServer, fields, status};
+use etcd_client::{
+    Compare, CompareOp, DeleteOptions, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
+    TxnOpResponse,
+};
+use tonic::Code;
+
+fn rev(header: Option<&etcd_client::ResponseHeader>) -> i64 {
+    header.expect("response has a header").revision()
+}
+
+#[tokio::test]
+async fn a_new_store_starts_at_revision_one_and_counts_versions() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(dir.path()).await;
+    let mut c = server.client().await;
+
+    let empty = c.get("missing", None).await.unwrap();
+    assert_eq!(rev(empty.header()), 1);
+    assert!(empty.kvs().is_empty());
+    assert_eq!(empty.count(), 0);
+
+    let put = c.put("k", "v1", None).await.unwrap();
+    assert_eq!(rev(put.header()), 2);
+    c.put("k", "v2", None).await.unwrap();
+    let got = c.get("k", None).await.unwrap();
+    let kv = &got.kvs()[0];
+    assert_eq!(
+        (kv.create_revision(), kv.mod_revision(), kv.version()),
+        (2, 3, 2)
+    );
+    assert_eq!(kv.value(), b"v2");
+    assert_eq!(rev(got.header()), 3);
+
+    let header = got.header().unwrap();
+    assert_ne!(header.cluster_id(), 0);
+    assert_ne!(header.member_id(), 0);
+    assert_ne!(header.raft_term(), 0);
+
+    // Delete, then re-create: the version starts over and create_revision moves.
+    let del = c.delete("k", None).await.unwrap();
+    assert_eq!((del.deleted(), rev(del.header())), (1, 4));
+    assert!(c.get("k", None).await.unwrap().kvs().is_empty());
+    c.put("k", "v3", None).await.unwrap();
+    let kv = c.get("k", None).await.unwrap().kvs()[0].clone();
+    assert_eq!(
+        (kv.create_revision(), kv.mod_revision(), kv.version()),
+        (5, 5, 1)
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn prev_kv_on_put_and_delete() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(dir.path()).await;
+    let mut c = server.client().await;
+
+    let first = c
+        .put("p", "1", Some(PutOptions::new().with_prev_key()))
+        .await
+        .unwrap();
+    assert!(first.prev_key().is_none());
+    let second = c
+        .put("p", "2", Some(PutOptions::new().with_prev_key()))
+        .await
+        .unwrap();
+    let prev = second.prev_key().unwrap();
+    assert_eq!(
+        (prev.value(), prev.mod_revision(), prev.version()),
+        (&b"1"[..], 2, 1)
+    );
+
+    c.put("p/a", "x", None).await.unwrap();
+    let del = c
+        .delete(
+            "p",
+            Some(DeleteOptions::new().with_prefix().with_prev_key()),
+        )
+        .await
+        .unwrap();
+    assert_eq!(del.deleted(), 2);
+    let keys: Vec<_> = del.prev_kvs().iter().map(|kv| kv.key().to_vec()).collect();
+    assert_eq!(keys, vec![b"p".to_vec(), b"p/a".to_vec()]);
+    // One delete of two keys is one revision.
+    assert_eq!(rev(del.header()), 5);
+
+    // Deleting nothing takes no revision.
+    let none = c.delete("nothing", None).await.unwrap();
+    assert_eq!((none.deleted(), rev(none.header())), (0, 5));
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn ranges_prefixes_and_from_key_follow_byte_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(dir.path()).await;
+    let mut c = server.client().await;
+    for key in [
+        &b"a"[..],
+        b"a/1",
+        b"a/2",
+        b"a/\x00",
+        b"a/\xff",
+        b"a0",
+        b"b",
+        b"\x00z",
+    ] {
+        c.put(key, "v", None).await.unwrap();
+    }
+    let keys = |r: &etcd_client::GetResponse| -> Vec<Vec<u8>> {
+        r.kvs().iter().map(|kv| kv.key().to_vec()).collect()
+    };
+
+    let prefix = c
+        .get("a/", Some(GetOptions::new().with_prefix()))
+        .await
+        .unwrap();
+    assert_eq!(
+        keys(&prefix),
+        vec![
+            b"a/\x00".to_vec(),
+            b"a/1".to_vec(),
+            b"a/2".to_vec(),
+            b"a/\xff".to_vec()
+        ]
+    );
+    assert_eq!(prefix.count(), 4);
+
+    let range = c
+        .get("a/1", Some(GetOptions::new().with_range("a0")))
+        .await
+        .unwrap();
+    assert_eq!(
+        keys(&range),
+        vec![b"a/1".to_vec(), b"a/2".to_vec(), b"a/\xff".to_vec()]
+    );
+
+    let from = c
+        .get("a0", Some(GetOptions::new().with_from_key()))
+        .await
+        .unwrap();
+    assert_eq!(keys(&from), vec![b"a0".to_vec(), b"b".to_vec()]);
+
+    let all = c
+        .get("", Some(GetOptions::new().with_all_keys()))
+        .await
+        .unwrap();
+    assert_eq!(all.count(), 8);
+    assert_eq!(all.kvs()[0].key(), b"\x00z");
+
+    // An inverted range holds nothing.
+    let inverted = c
+        .get("b", Some(GetOptions::new().with_range("a")))
+        .await
+        .unwrap();
+    assert_eq!((inverted.kvs().len(), inverted.count()), (0, 0));
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn limit_more_count_keys_only_and_count_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(dir.path()).await;
+    let mut c = server.client().await;
+    for i in 0..5 {
+        c.put(format!("k{i}"), format!("value{i}"), None)
+            .await
+            .unwrap();
+    }
+    let page = c
+        .get("k", Some(GetOptions::new().with_prefix().with_limit(2)))
+        .await
+        .unwrap();
+    assert_eq!((page.kvs().len(), page.more(), page.count()), (2, true, 5));
+
+    let exact = c
+        .get("k", Some(GetOptions::new().with_prefix().with_limit(5)))
+        .await
+        .unwrap();
+    assert_eq!(
+        (exact.kvs().len(), exact.more(), exact.count()),
+        (5, false, 5)
+    );
+
+    let keys_only = c
+        .get("k", Some(GetOptions::new().with_prefix().with_keys_only()))
+        .await
+        .unwrap();
+    assert!(keys_only.kvs().iter().all(|kv| kv.value().is_empty()));
+    assert_eq!(keys_only.kvs()[4].key(), b"k4");
+    assert_eq!(keys_only.kvs()[4].version(), 1);
+
+    let count_only = c
+        .get("k", Some(GetOptions::new().with_prefix().with_count_only()))
+        .await
+        .unwrap();
+    assert_eq!(
+        (
+            count_only.kvs().len(),
+            count_only.count(),
+            count_only.more()
+        ),
+        (0, 5, false)
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn sort_and_revision_filters() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(dir.path()).await;
+    let mut c = server.client().await;
+    c.put("s/a", "3", None).await.unwrap(); // rev 2
+    c.put("s/b", "1", None).await.unwrap(); // rev 3
+    c.put("s/c", "2", None).await.unwrap(); // rev 4
+    c.put("s/a", "4", None).await.unwrap(); // rev 5, version 2
+    let keys = |r: etcd_client::GetResponse| -> Vec<String> {
+        r.kvs()
+            .iter()
+            .map(|kv| kv.key_str().unwrap().to_owned())
+            .collect()
+    };
+    let by = |target, order| GetOptions::new().with_prefix().with_sort(target, order);
+    assert_eq!(
+        keys(
+            c.get("s/", Some(by(SortTarget::Key, SortOrder::Descend)))
+                .await
+                .unwrap()
+        ),
+        ["s/c", "s/b", "s/a"]
+    );
+    assert_eq!(
+        keys(
+            c.get("s/", Some(by(SortTarget::Mod, SortOrder::Descend)))
+                .await
+                .unwrap()
+        ),
+        ["s/a", "s/c", "s/b"]
+    );
+    assert_eq!(
+        keys(
+            c.get("s/", Some(by(SortTarget::Create, SortOrder::Ascend)))
+                .await
+                .unwrap()
+        ),
+        ["s/a", "s/b", "s/c"]
+    );
+    assert_eq!(
+        keys(
+            c.get("s/", Some(by(SortTarget::Value, SortOrder::Ascend)))
+                .await
+                .unwrap()
+        ),
+        ["s/b", "s/c", "s/a"]
+    );
+    assert_eq!(
+        keys(
+            c.get("s/", Some(by(SortTarget::Version, SortOrder::Descend)))
+                .await
+                .unwrap()
+        )[0],
+        "s/a"
+    );
+    // Sorting happens before the limit.
+    let top = c
+        .get(
+            "s/",
+            Some(by(SortTarget::Mod, SortOrder::Descend).with_limit(1)),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        (top.kvs()[0].key(), top.more(), top.count()),
+        (&b"s/a"[..], true, 3)
+    );
+
+    let filtered = c
+        .get(
+            "s/",
+            Some(
+                GetOptions::new()
+                    .with_prefix()
+                    .with_min_mod_revision(3)
+                    .with_max_mod_revision(4),
+            ),
+        )
+        .await
+        .unwrap();
+    assert_eq!(keys(filtered), ["s/b", "s/c"]);
+    let created = c
+        .get(
+            "s/",
+            Some(GetOptions::new().with_prefix().with_min_create_revision(3)),
+        )
+        .await
+        .unwrap();
+    assert_eq!(created.count(), 3, "count ignores filters, as in etcd");
+    assert_eq!(keys(created), ["s/b", "s/c"]);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn reads_at_past_and_future_revisions() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(dir.path()).await;
+    let mut c = server.client().await;
+    c.put("r", "1", None).await.unwrap(); // 2
+    c.put("r", "2", None).await.unwrap(); // 3
+    c.delete("r", None).await.unwrap(); // 4
+    c.put("other", "x", None).await.unwrap(); // 5
+
+    let at2 = c
+        .get("r", Some(GetOptions::new().with_revision(2)))
+        .await
+        .unwrap();
+    assert_eq!(at2.kvs()[0].value(), b"1");
+    assert_eq!(
+        rev(at2.header()),
+        5,
+        "the header reports the current revision"
+    );
+    let at3 = c
+        .get("r", Some(GetOptions::new().with_revision(3)))
+        .await
+        .unwrap();
+    assert_eq!(at3.kvs()[0].value(), b"2");
+    let at4 = c
+        .get("r", Some(GetOptions::new().with_revision(4)))
+        .await
+        .unwrap();
+    assert!(at4.kvs().is_empty());
+    let at1 = c
+        .get("r", Some(GetOptions::new().with_revision(1)))
+        .await
+        .unwrap();
+    assert!(at1.kvs().is_empty());
+
+    let future = status(
+        c.get("r", Some(GetOptions::new().with_revision(6)))
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(future.code(), Code::OutOfRange);
+    assert_eq!(
+        future.message(),
+        "etcdserver: mvcc: required revision is a future revision"
+    );
+    server.stop().await;
+}
+
+/// kube-apiserver's list: pages of `limit` at a pinned revision, each continuing from the last
+/// key + "\x00", with `count` counted from the continue key and `more` while keys remain.
+#[tokio::test]
+async fn kube_apiserver_pagination() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(dir.path()).await;
+    let mut c = server.client().await;
+    let prefix = "/registry/pods/";
+    for i in 0..25 {
+        c.put(format!("{prefix}ns/pod-{i:02}"), format!("{i}"), None)
+            .await
+            .unwrap();
+    }
+    let pinned = rev(c.get(prefix, None).await.unwrap().header());
+    // Writes after the list started must not show up in its pages.
+    c.put(format!("{prefix}ns/pod-99"), "late", None)
+        .await
+        .unwrap();
+    c.delete(format!("{prefix}ns/pod-03"), None).await.unwrap();
+
+    let end = "/registry/pods0";
+    let mut key = prefix.as_bytes().to_vec();
+    let mut seen = Vec::new();
+    let mut pages = 0;
+    loop {
+        let page = c
+            .get(
+                key.clone(),
+                Some(
+                    GetOptions::new()
+                        .with_range(end)
+                        .with_limit(10)
+                        .with_revision(pinned),
+                ),
+            )
+            .await
+            .unwrap();
+        pages += 1;
+        let remaining = 25 - seen.len() as i64;
+        assert_eq!(page.count(), remaining, "count starts at the continue key");
+        assert_eq!(page.more(), (page.kvs().len() as i64) < page.count());
+        for kv in page.kvs() {
+            seen.push(kv.key_str().unwrap().to_owned());
+        }
+        if !page.more() {
+            break;
+        }
+        key = page.kvs().last().unwrap().key().to_vec();
+        key.push(0);
+    }
+    assert_eq!(pages, 3);
+    let expected: Vec<_> = (0..25).map(|i| format!("{prefix}ns/pod-{i:02}")).collect();
+    assert_eq!(seen, expected);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn kube_apiserver_txn_shapes() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(dir.path()).await;
+    let mut c = server.client().await;
+    let key = "/registry/configmaps/default/cm";
+
+    // Create: MOD(K) == 0 → Put.
+    let create = || {
+        Txn::new()
+            .when([Compare::mod_revision(key, CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(key, "v1", None)])
+    };
+    let created = c.txn(create()).await.unwrap();
+    assert!(created.succeeded());
+    let created_rev = rev(created.header());
+    assert_eq!(created_rev, 2);
+    match &created.op_responses()[0] {
+        TxnOpResponse::Put(p) => assert_eq!(rev(p.header()), created_rev),
+        other => panic!("unexpected {other:?}"),
+    }
+    // A second create of the same key fails, writes nothing, takes no revision.
+    let again = c.txn(create()).await.unwrap();
+    assert!(!again.succeeded());
+    assert!(again.op_responses().is_empty());
+    assert_eq!(rev(again.header()), created_rev);
+
+    // Update: MOD(K) == R → Put, else Range(K).
+    let update = |r: i64, value: &str| {
+        Txn::new()
+            .when([Compare::mod_revision(key, CompareOp::Equal, r)])
+            .and_then([TxnOp::put(key, value, None)])
+            .or_else([TxnOp::get(key, None)])
+    };
+    let updated = c.txn(update(created_rev, "v2")).await.unwrap();
+    assert!(updated.succeeded());
+    let updated_rev = rev(updated.header());
+    assert_eq!(updated_rev, 3);
+    // Stale revision: the failure branch returns the current object.
+    let stale = c.txn(update(created_rev, "v3")).await.unwrap();
+    assert!(!stale.succeeded());
+    assert_eq!(rev(stale.header()), updated_rev);
+    match &stale.op_responses()[0] {
+        TxnOpResponse::Get(g) => {
+            assert_eq!(g.kvs()[0].value(), b"v2");
+            assert_eq!(g.kvs()[0].mod_revision(), updated_rev);
+            assert_eq!(rev(g.header()), updated_rev);
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+
+    // Delete: MOD(K) == R → DeleteRange, else Range(K).
+    let delete = |r: i64| {
+        Txn::new()
+            .when([Compare::mod_revision(key, CompareOp::Equal, r)])
+            .and_then([TxnOp::delete(key, None)])
+            .or_else([TxnOp::get(key, None)])
+    };
+    let stale_delete = c.txn(delete(created_rev)).await.unwrap();
+    assert!(!stale_delete.succeeded());
+    let deleted = c.txn(delete(updated_rev)).await.unwrap();
+    assert!(deleted.succeeded());
+    assert_eq!(rev(deleted.header()), 4);
+    match &deleted.op_responses()[0] {
+        TxnOpResponse::Delete(d) => assert_eq!(d.deleted(), 1),
+        other => panic!("unexpected {other:?}"),
+    }
+
+    // Compactor: VERSION("compact_rev_key") == T → Put, else Range.
+    let compactor = |t: i64, value: &str| {
+        Txn::new()
+            .when([Compare::version("compact_rev_key", CompareOp::Equal, t)])
+            .and_then([TxnOp::put("compact_rev_key", value, None)])
+            .or_else([TxnOp::get("compact_rev_key", None)])
+    };
+    assert!(c.txn(compactor(0, "4")).await.unwrap().succeeded());
+    let lost = c.txn(compactor(0, "4")).await.unwrap();
+    assert!(!lost.succeeded());
+    match &lost.op_responses()[0] {
+        TxnOpResponse::Get(g) => assert_eq!(g.kvs()[0].version(), 1),
+        other => panic!("unexpected {other:?}"),
+    }
+    assert!(c.txn(compactor(1, "5")).await.unwrap().succeeded());
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn multi_key_txns_share_one_revision_and_see_their_own_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(dir.path()).await;
+    let mut c = server.client().await;
+    c.put("t/old", "x", None).await.unwrap(); // 2
+
+    let txn = Txn::new()
+        .when([Compare::value("t/old", CompareOp::Equal, "x")])
+        .and_then([
+            TxnOp::put("t/a", "1", None),
+            TxnOp::put("t/b", "2", None),
+            TxnOp::delete("t/old", None),
+            TxnOp::get("t/", Some(GetOptions::new().with_prefix())),
+            TxnOp::txn(
+                Txn::new()
+                    .when([Compare::version("t/a", CompareOp::Equal, 1)])
+                    .and_then([TxnOp::put("t/c", "3", None)]),
+            ),
+        ]);
+    let out = c.txn(txn).await.unwrap();
+    assert!(out.succeeded());
+    assert_eq!(rev(out.header()), 3);
+    let responses = out.op_responses();
+    match &responses[3] {
+        TxnOpResponse::Get(g) => {
+            let keys: Vec<_> = g.kvs().iter().map(|kv| kv.key_str().unwrap()).collect();
+            assert_eq!(keys, ["t/a", "t/b"], "a range sees the txn's earlier ops");
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+    match &responses[4] {
+        TxnOpResponse::Txn(t) => {
+            assert!(t.succeeded(), "a nested compare sees the txn's earlier ops");
+            assert_eq!(rev(t.header()), 3);
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+    let all = c
+        .get("t/", Some(GetOptions::new().with_prefix()))
+        .await
+        .unwrap();
+    assert!(all.kvs().iter().all(|kv| kv.mod_revision() == 3));
+    assert_eq!(all.kvs().len(), 3);
+
+    // A read-only txn takes no revision.
+    let read = c
+        .txn(Txn::new().and_then([TxnOp::get("t/a", None)]))
+        .await
+        .unwrap();
+    assert_eq!(rev(read.header()), 3);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn every_compare_target_and_operator() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(dir.path()).await;
+    let mut c = server.client().await;
+    c.put("c", "m", None).await.unwrap(); // create 2
+    c.put("c", "m", None).await.unwrap(); // mod 3, version 2
+    let holds = |cmp: Compare| Txn::new().when([cmp]);
+    let cases = [
+        (Compare::version("c", CompareOp::Equal, 2), true),
+        (Compare::version("c", CompareOp::Greater, 1), true),
+        (Compare::version("c", CompareOp::Less, 2), false),
+        (Compare::version("c", CompareOp::NotEqual, 2), false),
+        (Compare::create_revision("c", CompareOp::Equal, 2), true),
+        (Compare::mod_revision("c", CompareOp::Greater, 2), true),
+        (Compare::mod_revision("c", CompareOp::Less, 3), false),
+        (Compare::value("c", CompareOp::Equal, "m"), true),
+        (Compare::value("c", CompareOp::Greater, "a"), true),
+        (Compare::value("c", CompareOp::Less, "a"), false),
+        (Compare::value("c", CompareOp::NotEqual, "x"), true),
+        (Compare::lease("c", CompareOp::Equal, 0), true),
+        (Compare::version("missing", CompareOp::Equal, 0), true),
+        (
+            Compare::create_revision("missing", CompareOp::Equal, 0),
+            true,
+        ),
+        (Compare::value("missing", CompareOp::NotEqual, "x"), false),
+        (
+            Compare::mod_revision("c", CompareOp::Less, 4).with_prefix(),
+            true,
+        ),
+    ];
+    for (cmp, expected) in cases {
+        let label = format!("{cmp:?}");
+        let out = c.txn(holds(cmp)).await.unwrap();
+        assert_eq!(out.succeeded(), expected, "{label}");
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn invalid_requests_get_etcds_errors_and_write_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(dir.path()).await;
+    let mut c = server.client().await;
+    let check = |err: etcd_client::Error, code: Code, message: &str| {
+        let s = status(err);
+        assert_eq!((s.code(), s.message()), (code, message));
+    };
+    check(
+        c.put("", "v", None).await.unwrap_err(),
+        Code::InvalidArgument,
+        "etcdserver: key is not provided",
+    );
+    check(
+        c.get("", None).await.unwrap_err(),
+        Code::InvalidArgument,
+        "etcdserver: key is not provided",
+    );
+    check(
+        c.put("k", "", Some(PutOptions::new().with_ignore_value()))
+            .await
+            .unwrap_err(),
+        Code::InvalidArgument,
+        "etcdserver: key not found",
+    );
+    check(
+        c.put("k", "v", Some(PutOptions::new().with_ignore_value()))
+            .await
+            .unwrap_err(),
+        Code::InvalidArgument,
+        "etcdserver: value is provided",
+    );
+    check(
+        c.put(
+            "k",
+            "v",
+            Some(PutOptions::new().with_ignore_lease().with_lease(7)),
+        )
+        .await
+        .unwrap_err(),
+        Code::InvalidArgument,
+        "etcdserver: lease is provided",
+    );
+    check(
+        c.txn(Txn::new().and_then([TxnOp::put("d", "1", None), TxnOp::put("d", "2", None)]))
+            .await
+            .unwrap_err(),
+        Code::InvalidArgument,
+        "etcdserver: duplicate key given in txn request",
+    );
+    let many: Vec<_> = (0..129)
+        .map(|i| TxnOp::put(format!("m{i}"), "v", None))
+        .collect();
+    check(
+        c.txn(Txn::new().and_then(many)).await.unwrap_err(),
+        Code::InvalidArgument,
+        "etcdserver: too many operations in txn request",
+    );
+    // A txn that fails midway leaves nothing behind: the first put is rolled back.
+    check(
+        c.txn(Txn::new().and_then([
+            TxnOp::put("half", "1", None),
+            TxnOp::put("absent", "", Some(PutOptions::new().with_ignore_value())),
+        ]))
+        .await
+        .unwrap_err(),
+        Code::InvalidArgument,
+        "etcdserver: key not found",
+    );
+    let after = c.get("half", None).await.unwrap();
+    assert!(after.kvs().is_empty());
+    assert_eq!(rev(after.header()), 1, "failed requests take no revision");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn ignore_value_and_ignore_lease_keep_the_current_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(dir.path()).await;
+    let mut c = server.client().await;
+    c.put("i", "keep", Some(PutOptions::new().with_lease(42)))
+        .await
+        .unwrap();
+    c.put("i", "", Some(PutOptions::new().with_ignore_value()))
+        .await
+        .unwrap();
+    let kv = c.get("i", None).await.unwrap().kvs()[0].clone();
+    // The value is kept; the lease is not ignored, so lease 0 detaches the key (etcd's rule).
+    assert_eq!((kv.value(), kv.lease(), kv.version()), (&b"keep"[..], 0, 2));
+    c.put(
+        "i",
+        "",
+        Some(PutOptions::new().with_ignore_value().with_lease(42)),
+    )
+    .await
+    .unwrap();
+    c.put("i", "new", Some(PutOptions::new().with_ignore_lease()))
+        .await
+        .unwrap();
+    let kv = c.get("i", None).await.unwrap().kvs()[0].clone();
+    assert_eq!((kv.value(), kv.lease()), (&b"new"[..], 42));
+    // Lease 0 detaches.
+    c.put("i", "new", None).await.unwrap();
+    assert_eq!(c.get("i", None).await.unwrap().kvs()[0].lease(), 0);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn requests_over_the_size_limit_are_rejected() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start_with(dir.path(), |c| c.max_request_bytes = 1024).await;
+    let mut c = server.client().await;
+    let err = status(c.put("big", vec![b'x'; 2048], None).await.unwrap_err());
+    assert_eq!(
+        (err.code(), err.message()),
+        (Code::InvalidArgument, "etcdserver: request is too large")
+    );
+    c.put("small", vec![b'x'; 512], None).await.unwrap();
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn compaction_hides_old_revisions_and_keeps_what_is_readable() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(dir.path()).await;
+    let mut c = server.client().await;
+    c.put("a", "1", None).await.unwrap(); // 2
+    c.put("a", "2", None).await.unwrap(); // 3
+    c.put("b", "1", None).await.unwrap(); // 4
+    c.delete("b", None).await.unwrap(); // 5
+    c.put("c", "1", None).await.unwrap(); // 6
+    c.put("a", "3", None).await.unwrap(); // 7
+    let before: Vec<_> = {
+        let mut out = Vec::new();
+        for r in 5..=7 {
+            let got = c
+                .get("", Some(GetOptions::new().with_all_keys().with_revision(r)))
+                .await
+                .unwrap();
+            out.push(fields(got.kvs()));
+        }
+        out
+    };
+
+    let compacted = c
+        .compact(
+            5,
+            Some(etcd_client::CompactionOptions::new().with_physical()),
+        )
+        .await
+        .unwrap();
+    assert_eq!(rev(compacted.header()), 7);
+
+    for (i, r) in (5..=7).enumerate() {
+        let got = c
+            .get("", Some(GetOptions::new().with_all_keys().with_revision(r)))
+            .await
+            .unwrap();
+        assert_eq!(fields(got.kvs()), before[i], "read at {r} after compaction");
+    }
+    let below = status(
+        c.get("a", Some(GetOptions::new().with_revision(4)))
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(
+        (below.code(), below.message()),
+        (
+            Code::OutOfRange,
+            "etcdserver: mvcc: required revision has been compacted"
+        )
+    );
+    let again = status(c.compact(5, None).await.unwrap_err());
+    assert_eq!(
+        again.message(),
+        "etcdserver: mvcc: required revision has been compacted"
+    );
+    let future = status(c.compact(8, None).await.unwrap_err());
+    assert_eq!(
+        future.message(),
+        "etcdserver: mvcc: required revision is a future revision"
+    );
+
+    // Compact everything; the current state is untouched.
+    c.compact(
+        7,
+        Some(etcd_client::CompactionOptions::new().with_physical()),
+    )
+    .await
+    .unwrap();
+    let now = c
+        .get("", Some(GetOptions::new().with_all_keys()))
+        .await
+        .unwrap();
+    assert_eq!(fields(now.kvs()), before[2]);
+    server.stop().await;
+
+    // Superseded rows really are gone from the file: only the three live keys remain.
+    let pool = sqlx::SqlitePool::connect(&format!(
+        "sqlite://{}",
+        dir.path().join("state.db").display()
+    ))
+    .await
+    .unwrap();
+    let rows: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM kv_log")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(rows, 2, "a@7 and c@6 remain");
+}
+
+#[tokio::test]
+async fn data_revision_and_identity_survive_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(dir.path()).await;
+    let mut c = server.client().await;
+    c.put("durable", "yes", None).await.unwrap();
+    c.compact(2, None).await.unwrap();
+    let before = c.get("durable", None).await.unwrap();
+    let header = before.header().unwrap().clone();
+    drop(c);
+    server.stop().await;
+
+    let server = TestServer::start(dir.path()).await;
+    let mut c = server.client().await;
+    let after = c.get("durable", None).await.unwrap();
+    assert_eq!(fields(after.kvs()), fields(before.kvs()));
+    let h = after.header().unwrap();
+    assert_eq!(
+        (h.revision(), h.cluster_id(), h.member_id()),
+        (header.revision(), header.cluster_id(), header.member_id())
+    );
+    let compacted = status(
+        c.get("durable", Some(GetOptions::new().with_revision(1)))
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(compacted.code(), Code::OutOfRange);
+    server.stop().await;
+}
+
+/// Many clients racing kube-apiserver's create txn on the same keys: each key is created exactly
+/// once, and revisions stay gapless and unique although writes are committed in groups.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_writers_are_serialised_without_gaps() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(dir.path()).await;
+    let client = server.client().await;
+    let mut tasks = Vec::new();
+    for writer in 0..16 {
+        let mut c = client.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut wins = Vec::new();
+            for k in 0..20 {
+                let key = format!("race/{k}");
+                let txn = Txn::new()
+                    .when([Compare::mod_revision(key.clone(), CompareOp::Equal, 0)])
+                    .and_then([TxnOp::put(key.clone(), format!("{writer}"), None)]);
+                let out = c.txn(txn).await.unwrap();
+                if out.succeeded() {
+                    wins.push((k, rev(out.header())));
+                }
+                c.put(format!("own/{writer}/{k}"), "x", None).await.unwrap();
+            }
+            wins
+        }));
+    }
+    let mut revisions = Vec::new();
+    let mut keys = Vec::new();
+    for t in tasks {
+        for (k, r) in t.await.unwrap() {
+            keys.push(k);
+            revisions.push(r);
+        }
+    }
+    keys.sort_unstable();
+    assert_eq!(
+        keys,
+        (0..20).collect::<Vec<_>>(),
+        "each key created exactly once"
+    );
+    let mut c = client.clone();
+    let own = c
+        .get("own/", Some(GetOptions::new().with_prefix()))
+        .await
+        .unwrap();
+    revisions.extend(own.kvs().iter().map(|kv| kv.mod_revision()));
+    revisions.sort_unstable();
+    let expected: Vec<i64> = (2..2 + 20 + 16 * 20).collect();
+    assert_eq!(
+        revisions, expected,
+        "one revision per write, none skipped or shared"
+    );
+    server.stop().await;
+}
