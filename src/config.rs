@@ -47,7 +47,7 @@ pub struct Config {
     pub max_txn_ops: usize,
 
     /// Seconds to let in-flight requests and streams finish at shutdown.
-    #[arg(long, env = "ETCDSQL_SHUTDOWN_GRACE", default_value_t = 10)]
+    #[arg(long, env = "ETCDSQL_SHUTDOWN_GRACE_SECONDS", default_value_t = 10)]
     pub shutdown_grace_seconds: u64,
 
     /// Log filter (tracing's syntax), e.g. `info` or `etcdsql=debug`.

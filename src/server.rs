@@ -173,9 +173,8 @@ fn build_routes(store: &Store, info: &ServerInfo, max_decoding: usize) -> Routes
         info.clone(),
     ))
     .max_decoding_message_size(max_decoding);
-    let cluster =
-        pb::cluster_server::ClusterServer::new(ClusterService::new(store.clone(), info.clone()))
-            .max_decoding_message_size(max_decoding);
+    let cluster = pb::cluster_server::ClusterServer::new(ClusterService::new(info.clone()))
+        .max_decoding_message_size(max_decoding);
     let mut routes = Routes::new(kv)
         .add_service(maintenance)
         .add_service(cluster);

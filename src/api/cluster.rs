@@ -4,17 +4,15 @@
 use tonic::{Request, Response, Status};
 
 use super::ServerInfo;
-use crate::mvcc::Store;
 use crate::pb::etcdserverpb as pb;
 
 pub struct ClusterService {
-    store: Store,
     info: ServerInfo,
 }
 
 impl ClusterService {
-    pub fn new(store: Store, info: ServerInfo) -> Self {
-        Self { store, info }
+    pub fn new(info: ServerInfo) -> Self {
+        Self { info }
     }
 }
 
@@ -51,9 +49,9 @@ impl pb::cluster_server::Cluster for ClusterService {
         &self,
         _request: Request<pb::MemberListRequest>,
     ) -> Result<Response<pb::MemberListResponse>, Status> {
-        let revisions = self.store.revisions().await?;
+        // etcd answers membership from raft, not the key space: its header has no revision.
         Ok(Response::new(pb::MemberListResponse {
-            header: self.info.header(revisions.current),
+            header: self.info.header(0),
             members: vec![pb::Member {
                 id: self.info.member_id,
                 name: self.info.name.clone(),
