@@ -319,3 +319,34 @@ async fn kill_dash_nine_loses_no_acknowledged_write() {
         "one revision per committed txn"
     );
 }
+
+/// SIGTERM stops the real binary cleanly: exit status 0, and SQLite's write-ahead log is folded
+/// back into the database file, which happens only when the last connection closes properly.
+#[tokio::test]
+async fn sigterm_shuts_down_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("state.db");
+    let (mut process, mut c) = spawn_binary(&db, free_port()).await;
+    c.put("before-term", "v", None).await.unwrap();
+    let wal = dir.path().join("state.db-wal");
+    assert!(wal.exists(), "WAL mode is on while serving");
+
+    let pid = process.0.id().to_string();
+    let sent = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+    assert!(sent.success());
+    let mut exit = None;
+    for _ in 0..200 {
+        if let Some(status) = process.0.try_wait().unwrap() {
+            exit = Some(status);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let exit = exit.expect("etcdsql exits after SIGTERM");
+    assert!(exit.success(), "clean exit, got {exit:?}");
+    assert!(!wal.exists(), "the database was closed cleanly");
+
+    let (_process, mut c) = spawn_binary(&db, free_port()).await;
+    let kept = c.get("before-term", None).await.unwrap();
+    assert_eq!(kept.kvs()[0].value(), b"v");
+}

@@ -80,20 +80,14 @@ impl SqliteBackend {
     /// # Errors
     /// The folder cannot be created, the file cannot be opened, or a migration fails.
     pub async fn open(path: &str) -> Result<Self> {
-        let (path, in_memory) = match path {
-            ":memory:" | "" => (":memory:", true),
-            p => (p, false),
-        };
-        if !in_memory {
-            if let Some(dir) = Path::new(path)
-                .parent()
-                .filter(|d| !d.as_os_str().is_empty())
-            {
-                std::fs::create_dir_all(dir).map_err(|source| Error::CreateDir {
-                    path: dir.display().to_string(),
-                    source,
-                })?;
-            }
+        if let Some(dir) = Path::new(path)
+            .parent()
+            .filter(|d| !d.as_os_str().is_empty())
+        {
+            std::fs::create_dir_all(dir).map_err(|source| Error::CreateDir {
+                path: dir.display().to_string(),
+                source,
+            })?;
         }
         let base = SqliteConnectOptions::from_str(&format!("sqlite://{path}"))?
             .create_if_missing(true)
@@ -115,17 +109,12 @@ impl SqliteBackend {
             .bind(cluster_id as i64)
             .execute(&writer)
             .await?;
-        let readers = if in_memory {
-            // A private in-memory database exists only on its one connection.
-            writer.clone()
-        } else {
-            let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
-            SqlitePoolOptions::new()
-                .max_connections((cores * 2).max(4) as u32)
-                .idle_timeout(Some(Duration::from_secs(600)))
-                .connect_with(base.read_only(true))
-                .await?
-        };
+        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+        let readers = SqlitePoolOptions::new()
+            .max_connections((cores * 2).max(4) as u32)
+            .idle_timeout(Some(Duration::from_secs(600)))
+            .connect_with(base.read_only(true))
+            .await?;
         Ok(Self { writer, readers })
     }
 }

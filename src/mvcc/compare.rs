@@ -181,7 +181,7 @@ mod tests {
         for (target, result, expected) in cases {
             let c = cmp(target.clone(), result);
             assert_eq!(
-                evaluate(&c, &[k.clone()]),
+                evaluate(&c, std::slice::from_ref(&k)),
                 expected,
                 "{target:?} {result:?}"
             );

@@ -76,8 +76,11 @@ pub fn status(err: etcd_client::Error) -> tonic::Status {
     }
 }
 
+/// A key-value's fields: key, create and mod revision, version, value, lease.
+pub type Fields = (Vec<u8>, i64, i64, i64, Vec<u8>, i64);
+
 /// Every field of each key-value, for comparing results (the client's type has no `==`).
-pub fn fields(kvs: &[etcd_client::KeyValue]) -> Vec<(Vec<u8>, i64, i64, i64, Vec<u8>, i64)> {
+pub fn fields(kvs: &[etcd_client::KeyValue]) -> Vec<Fields> {
     kvs.iter()
         .map(|kv| {
             (
