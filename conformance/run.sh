@@ -6,13 +6,16 @@
 #   conformance/run.sh --record [SCENARIO...]   re-record *.expected from real etcd
 #
 # Every scenario gets a fresh server on free 127.0.0.1 ports and a fresh data
-# directory. See conformance/README.md.
+# directory. Scenarios listed in conformance/pending-etcdsql (features etcdsql
+# does not have yet) are skipped for the etcdsql target unless RUN_PENDING=1.
+# See conformance/README.md.
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/.." && pwd)
 SCEN_DIR="$HERE/scenarios"
 README="$HERE/README.md"
+PENDING_FILE="$HERE/pending-etcdsql"
 
 ETCD_BIN=${ETCD_BIN:-etcd}
 ETCDCTL_BIN=${ETCDCTL_BIN:-etcdctl}
@@ -20,6 +23,7 @@ ETCDSQL_BIN=${ETCDSQL_BIN:-$REPO/target/release/etcdsql}
 READY_TIMEOUT=${READY_TIMEOUT:-30}       # seconds for a server to become healthy
 SCENARIO_TIMEOUT=${SCENARIO_TIMEOUT:-90} # seconds per scenario script
 STOP_TIMEOUT=${STOP_TIMEOUT:-10}         # seconds between SIGTERM and SIGKILL
+RUN_PENDING=${RUN_PENDING:-0}            # 1: run pending-etcdsql scenarios against etcdsql too
 
 usage() {
     echo "usage: $0 etcd|etcdsql [SCENARIO...]" >&2
@@ -172,6 +176,28 @@ else
 fi
 [ ${#SCENARIOS[@]} -gt 0 ] || { echo "run.sh: no scenarios found in $SCEN_DIR" >&2; exit 2; }
 
+# Pending scenarios (etcdsql only): "SCENARIO  reason" per line; blank lines and
+# lines starting with '#' are ignored. Validated on every run, whatever the target,
+# so that a stale entry (renamed scenario, missing issue reference) is noticed.
+declare -A PENDING=()
+if [ -f "$PENDING_FILE" ]; then
+    lineno=0
+    while IFS= read -r line || [ -n "$line" ]; do
+        lineno=$((lineno + 1))
+        line=${line#"${line%%[![:space:]]*}"}
+        line=${line%"${line##*[![:space:]]}"}
+        case "$line" in "" | "#"*) continue ;; esac
+        pname=${line%%[[:space:]]*}
+        preason=${line#"$pname"}
+        preason=${preason#"${preason%%[![:space:]]*}"}
+        where="${PENDING_FILE##*/}:$lineno"
+        [ -f "$SCEN_DIR/$pname.sh" ] || { echo "run.sh: $where: no such scenario: $pname" >&2; exit 2; }
+        [[ "$preason" =~ \#[0-9]+ ]] || { echo "run.sh: $where: reason for $pname must name its issue (#N)" >&2; exit 2; }
+        [ -z "${PENDING[$pname]+x}" ] || { echo "run.sh: $where: $pname is listed twice" >&2; exit 2; }
+        PENDING[$pname]=$preason
+    done <"$PENDING_FILE"
+fi
+
 if [ "$RECORD" = 1 ]; then
     echo "recording expectations from $("$ETCD_BIN" --version | head -n1), $("$ETCDCTL_BIN" version | head -n1)"
 else
@@ -180,6 +206,7 @@ fi
 
 PASSED=0
 FAILED=0
+SKIPPED=0
 FAILED_NAMES=()
 START_ALL=$SECONDS
 
@@ -190,6 +217,15 @@ fail() {
 }
 
 for name in "${SCENARIOS[@]}"; do
+    pending=0
+    if [ "$TARGET" = etcdsql ] && [ "$RECORD" = 0 ] && [ -n "${PENDING[$name]+x}" ]; then
+        if [ "$RUN_PENDING" != 1 ]; then
+            SKIPPED=$((SKIPPED + 1))
+            echo "SKIP $name: ${PENDING[$name]}"
+            continue
+        fi
+        pending=1
+    fi
     sdir="$WORK/$name"
     mkdir -p "$sdir/tmp"
     t0=$SECONDS
@@ -225,6 +261,9 @@ for name in "${SCENARIOS[@]}"; do
         cp "$sdir/actual.out" "$SCEN_DIR/$name.expected"
         PASSED=$((PASSED + 1))
         echo "RECORDED $name (${dt}s)"
+        if [ -f "$SCEN_DIR/$name.etcdsql.expected" ]; then
+            echo "    note: $name.etcdsql.expected is not re-recorded; check it still equals $name.expected apart from the documented difference"
+        fi
         continue
     fi
 
@@ -244,6 +283,9 @@ for name in "${SCENARIOS[@]}"; do
         "$expected" "$sdir/actual.out" >"$sdir/diff.out"; then
         PASSED=$((PASSED + 1))
         echo "PASS $name (${dt}s)"
+        if [ "$pending" = 1 ]; then
+            echo "    note: $name passes but is listed in ${PENDING_FILE##*/}; remove it from there"
+        fi
     else
         fail "$name" "(${dt}s)"
         sed 's/^/    /' "$sdir/diff.out"
@@ -258,5 +300,5 @@ echo "elapsed: $((SECONDS - START_ALL))s"
 if [ "$FAILED" -gt 0 ]; then
     echo "failed scenarios: ${FAILED_NAMES[*]}"
 fi
-echo "conformance: $PASSED passed, $FAILED failed"
+echo "conformance: $PASSED passed, $FAILED failed, $SKIPPED skipped"
 [ "$FAILED" -eq 0 ]

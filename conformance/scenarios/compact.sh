@@ -35,5 +35,3 @@ $ETCDCTL put k v6 >/dev/null   # rev 9
 e compact 9 --physical
 e get k --rev 9 -w json
 e get --prefix "" --keys-only -w json
-section 'watch from a compacted revision is canceled'
-watch_lines 2 10 --rev 3 k

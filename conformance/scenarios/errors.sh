@@ -6,8 +6,6 @@ e del ""
 section 'future revision'
 e get a --rev 2
 e get a --rev 99 -w json
-section 'put with an unknown lease'
-e put a v --lease=1234abcd
 section 'duplicate key in a txn'
 txn <<'TXN'
 

@@ -1,10 +1,8 @@
-# endpoint status / member list / endpoint health (JSON normalized), /health, /version.
+# endpoint status / endpoint health (JSON normalized), /health, /version. (member list: member_list)
 $ETCDCTL put a 1 >/dev/null
 $ETCDCTL put b 2 >/dev/null
 section 'endpoint status'
 e endpoint status -w json
-section 'member list'
-e member list -w json
 section 'endpoint health (text goes to stderr in etcdctl 3.4)'
 e endpoint health
 e endpoint health -w json
