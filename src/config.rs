@@ -1,6 +1,8 @@
 //! The one configuration struct: every flag has an `ETCDSQL_…` environment variable and a
 //! default, and the flag names follow etcd's where etcd has the same setting.
 
+use std::time::Duration;
+
 use clap::Parser;
 
 /// An etcd v3-compatible server that keeps its data in SQL.
@@ -46,6 +48,16 @@ pub struct Config {
     #[arg(long, env = "ETCDSQL_MAX_TXN_OPS", default_value_t = 128)]
     pub max_txn_ops: usize,
 
+    /// How often a `progress_notify` watcher that received nothing gets a progress response
+    /// (etcd's default is 10 minutes), e.g. `10m`, `5s`, `500ms`.
+    #[arg(long, env = "ETCDSQL_WATCH_PROGRESS_NOTIFY_INTERVAL", default_value = "10m", value_parser = parse_duration)]
+    pub watch_progress_notify_interval: Duration,
+
+    /// How often the watch hub looks for writes made by other processes sharing the database.
+    /// Writes made by this process reach watchers at once.
+    #[arg(long, env = "ETCDSQL_WATCH_POLL_INTERVAL", default_value = "1s", value_parser = parse_duration)]
+    pub watch_poll_interval: Duration,
+
     /// Seconds to let in-flight requests and streams finish at shutdown.
     #[arg(long, env = "ETCDSQL_SHUTDOWN_GRACE_SECONDS", default_value_t = 10)]
     pub shutdown_grace_seconds: u64,
@@ -70,6 +82,37 @@ fn parse_version(s: &str) -> Result<String, String> {
     } else {
         Err(format!("{s:?} is not a version like 3.5.0"))
     }
+}
+
+/// Reads durations such as `10m`, `1m30s`, `250ms` or `2h`.
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let bad = || format!("{s:?} is not a duration like 10m, 30s or 500ms");
+    let mut total = Duration::ZERO;
+    let mut rest = s.trim();
+    if rest.is_empty() {
+        return Err(bad());
+    }
+    while !rest.is_empty() {
+        let digits = rest.find(|c: char| !c.is_ascii_digit()).ok_or_else(bad)?;
+        let number: u64 = rest[..digits].parse().map_err(|_| bad())?;
+        rest = &rest[digits..];
+        let unit_len = rest
+            .find(|c: char| c.is_ascii_digit())
+            .unwrap_or(rest.len());
+        let unit = match &rest[..unit_len] {
+            "ms" => Duration::from_millis(number),
+            "s" => Duration::from_secs(number),
+            "m" => Duration::from_secs(number * 60),
+            "h" => Duration::from_secs(number * 3600),
+            _ => return Err(bad()),
+        };
+        total += unit;
+        rest = &rest[unit_len..];
+    }
+    if total.is_zero() {
+        return Err(format!("{s:?} must be longer than zero"));
+    }
+    Ok(total)
 }
 
 impl Config {
@@ -97,6 +140,17 @@ mod tests {
         assert!(parse_version("3.6.4").is_ok());
         assert!(parse_version("3.6").is_err());
         assert!(parse_version("v3.6.4").is_err());
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("10m"), Ok(Duration::from_secs(600)));
+        assert_eq!(parse_duration("1m30s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert!(parse_duration("10").is_err());
+        assert!(parse_duration("0s").is_err());
+        assert!(parse_duration("5 minutes").is_err());
+        assert!(parse_duration("").is_err());
     }
 
     #[test]

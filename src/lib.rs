@@ -8,6 +8,7 @@
 //! - [`mvcc`]: etcd's semantics on a revision log — revisions, txn compares and ops, range
 //!   rules, compaction — with a single writer task that commits writes in groups.
 //! - [`backend`]: the log in a database; the only code with SQL.
+//! - [`watch`]: the hub that tails the log and fans new revisions out to watch streams.
 //! - [`pb`]: the generated protobuf types.
 //! - [`config`]: the command line.
 
@@ -17,6 +18,7 @@ pub mod config;
 pub mod mvcc;
 pub mod pb;
 pub mod server;
+pub mod watch;
 
 pub use config::Config;
 pub use server::{Running, start};

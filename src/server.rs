@@ -18,11 +18,13 @@ use tonic::transport::server::TcpIncoming;
 use crate::api::cluster::ClusterService;
 use crate::api::kv::KvService;
 use crate::api::maintenance::MaintenanceService;
+use crate::api::watch::WatchService;
 use crate::api::{self, ServerInfo};
 use crate::backend;
 use crate::config::Config;
 use crate::mvcc::{self, Store};
 use crate::pb::etcdserverpb as pb;
+use crate::watch::Hub;
 
 /// gRPC allows this much beyond `--max-request-bytes`, so an oversized request reaches the
 /// handler and gets etcd's "request is too large" rather than a transport error (etcd does the
@@ -104,6 +106,13 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Runnin
     // The store outlives the listeners: in-flight requests need it while they drain.
     let store_shutdown = CancellationToken::new();
     let store = Store::start(backend.clone(), &tasks, store_shutdown.clone()).await?;
+    let hub = Hub::start(
+        &store,
+        config.watch_poll_interval,
+        &tasks,
+        store_shutdown.clone(),
+    )
+    .await?;
     let cluster_id = backend.cluster_id().await?;
 
     let client_urls = if config.advertise_client_urls.is_empty() {
@@ -123,12 +132,15 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Runnin
 
     let (health, health_service) = tonic_health::server::health_reporter();
     tasks.spawn(report_health(health, store.clone(), shutdown.clone()));
-    let routes = build_routes(
-        &store,
-        &info,
-        config.max_request_bytes + GRPC_OVERHEAD_BYTES,
-    )
-    .add_service(health_service);
+    let watch = WatchService::new(
+        hub,
+        store.clone(),
+        info.clone(),
+        config.watch_progress_notify_interval,
+        shutdown.clone(),
+    );
+    let routes =
+        build_routes(&store, watch, &info, config.max_request_bytes).add_service(health_service);
 
     let mut servers = JoinSet::new();
     for listener in listeners {
@@ -164,8 +176,18 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Runnin
     Ok(Running { local_addrs, done })
 }
 
-fn build_routes(store: &Store, info: &ServerInfo, max_decoding: usize) -> Routes {
+fn build_routes(
+    store: &Store,
+    watch: WatchService,
+    info: &ServerInfo,
+    max_request_bytes: usize,
+) -> Routes {
+    let max_decoding = max_request_bytes + GRPC_OVERHEAD_BYTES;
+    // Responses are not limited: a page of 10,000 keys is large.
     let kv = pb::kv_server::KvServer::new(KvService::new(store.clone(), info.clone()))
+        .max_decoding_message_size(max_decoding)
+        .max_encoding_message_size(usize::MAX);
+    let watch = pb::watch_server::WatchServer::new(watch)
         .max_decoding_message_size(max_decoding)
         .max_encoding_message_size(usize::MAX);
     let maintenance = pb::maintenance_server::MaintenanceServer::new(MaintenanceService::new(
@@ -176,6 +198,7 @@ fn build_routes(store: &Store, info: &ServerInfo, max_decoding: usize) -> Routes
     let cluster = pb::cluster_server::ClusterServer::new(ClusterService::new(info.clone()))
         .max_decoding_message_size(max_decoding);
     let mut routes = Routes::new(kv)
+        .add_service(watch)
         .add_service(maintenance)
         .add_service(cluster);
     let router = routes.axum_router_mut();

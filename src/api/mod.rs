@@ -8,6 +8,7 @@ pub mod http;
 pub mod kv;
 pub mod maintenance;
 pub mod status;
+pub mod watch;
 
 use crate::pb::etcdserverpb::ResponseHeader;
 

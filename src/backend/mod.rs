@@ -118,6 +118,9 @@ pub trait ReadTxn: Send {
     async fn count(&mut self, key: &[u8], end: &RangeEnd, revision: i64) -> Result<i64>;
     /// The newest row of `key`, tombstone or not.
     async fn latest(&mut self, key: &[u8]) -> Result<Option<LogRow>>;
+    /// Every change with a revision in `(after, through]`, in revision and sub-revision order,
+    /// `old_value` included (the watch hub's prev_kv).
+    async fn changes(&mut self, after: i64, through: i64) -> Result<Vec<LogRow>>;
 }
 
 /// The exclusive write transaction. Dropping it without `commit` rolls everything back.

@@ -298,6 +298,20 @@ impl ReadTxn for SqliteTxn {
             .await?;
         row.as_ref().map(decode_row).transpose()
     }
+
+    async fn changes(&mut self, after: i64, through: i64) -> Result<Vec<LogRow>> {
+        let sql = concat!(
+            "SELECT ",
+            row_columns!(),
+            " FROM kv_log WHERE revision > ?1 AND revision <= ?2 ORDER BY revision, sub"
+        );
+        let rows = sqlx::query(sql)
+            .bind(after)
+            .bind(through)
+            .fetch_all(&mut *self.0)
+            .await?;
+        rows.iter().map(decode_row).collect()
+    }
 }
 
 #[async_trait]

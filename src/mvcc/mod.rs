@@ -144,6 +144,8 @@ struct Inner {
     writes: mpsc::Sender<WriteJob>,
     /// Revision up to which rows have been physically compacted, for `Compact(physical)`.
     compacted: watch::Receiver<i64>,
+    /// The newest committed revision, so the watch hub wakes at once after a local commit.
+    committed: watch::Receiver<i64>,
     stats: Arc<WriteCounters>,
 }
 
@@ -173,7 +175,9 @@ impl Store {
         shutdown: CancellationToken,
     ) -> Result<Self> {
         let (writes, queue) = mpsc::channel(4 * MAX_BATCH);
-        let compact_revision = backend.read().await?.revisions().await?.compact;
+        let start = backend.read().await?.revisions().await?;
+        let compact_revision = start.compact;
+        let (committed_tx, committed) = watch::channel(start.current);
         let (compact_target, target_rx) = watch::channel(compact_revision);
         let done = backend.compacted_through().await?;
         let (compacted_tx, compacted) = watch::channel(done);
@@ -182,6 +186,7 @@ impl Store {
             backend.clone(),
             queue,
             compact_target,
+            committed_tx,
             stats.clone(),
             shutdown.clone(),
         ));
@@ -196,9 +201,20 @@ impl Store {
                 backend,
                 writes,
                 compacted,
+                committed,
                 stats,
             }),
         })
+    }
+
+    /// The newest revision committed by this process's writer; changes after every commit.
+    pub fn committed(&self) -> watch::Receiver<i64> {
+        self.inner.committed.clone()
+    }
+
+    /// The backend, for readers that need more than the store offers (the watch hub).
+    pub fn backend(&self) -> &Arc<dyn Backend> {
+        &self.inner.backend
     }
 
     /// Committed write batches and the requests they held.
@@ -323,6 +339,7 @@ async fn run_writer(
     backend: Arc<dyn Backend>,
     mut queue: mpsc::Receiver<WriteJob>,
     compact_target: watch::Sender<i64>,
+    committed: watch::Sender<i64>,
     stats: Arc<WriteCounters>,
     shutdown: CancellationToken,
 ) {
@@ -335,7 +352,13 @@ async fn run_writer(
         if received == 0 {
             break;
         }
-        if let Ok(compact) = write_batch(backend.as_ref(), &mut batch).await {
+        if let Ok(outcome) = write_batch(backend.as_ref(), &mut batch).await {
+            committed.send_if_modified(|current| {
+                let moved = outcome.current > *current;
+                *current = (*current).max(outcome.current);
+                moved
+            });
+            let compact = outcome.compact;
             stats.batches.fetch_add(1, Ordering::Relaxed);
             stats.requests.fetch_add(received as u64, Ordering::Relaxed);
             if let Some(compact) = compact {
@@ -380,15 +403,22 @@ impl Outcome {
     }
 }
 
-/// A committed batch's new compact revision (if it moved), or why the batch did not commit.
-type BatchResult = std::result::Result<Option<i64>, Arc<backend::Error>>;
+/// What a committed batch changed, or why the batch did not commit.
+type BatchResult = std::result::Result<Committed, Arc<backend::Error>>;
 
-/// Runs and commits one batch, then answers every job. Returns the new compact revision if the
-/// batch moved it, or `Err` if the batch did not commit.
+#[derive(Clone, Copy, Debug)]
+struct Committed {
+    /// The current revision after the batch.
+    current: i64,
+    /// The new compact revision, if the batch moved it.
+    compact: Option<i64>,
+}
+
+/// Runs and commits one batch, then answers every job; `Err` if the batch did not commit.
 async fn write_batch(
     backend: &dyn Backend,
     batch: &mut Vec<WriteJob>,
-) -> std::result::Result<Option<i64>, ()> {
+) -> std::result::Result<Committed, ()> {
     let mut outcomes = Vec::with_capacity(batch.len());
     let result = apply_batch(backend, batch.drain(..), &mut outcomes).await;
     if let Err(e) = &result {
@@ -468,11 +498,14 @@ async fn apply_batch(
         if current != start.current {
             tx.set_current_revision(current).await?;
         }
-        Ok(compact_moved)
+        Ok(Committed {
+            current,
+            compact: compact_moved,
+        })
     }
     .await;
     let committed = match step {
-        Ok(compact_moved) => tx.commit().await.map(|()| compact_moved).map_err(Arc::new),
+        Ok(committed) => tx.commit().await.map(|()| committed).map_err(Arc::new),
         Err(e) => Err(e),
     };
     committed.inspect_err(|_| {

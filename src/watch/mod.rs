@@ -1,0 +1,547 @@
+//! The watch hub: one tailer per process reads the revision log in order and fans each new
+//! revision out to the watch streams whose watchers cover its keys.
+//!
+//! # Invariants
+//! - **Delivered revision.** `delivered` (H) only grows. Every change with a revision ≤ H has
+//!   been offered to every stream that had a synced watcher covering its key when it was
+//!   published; batches reach a stream's queue before H moves past them.
+//! - **Synced watchers.** A watcher is *synced* when it sits in the range index and so receives
+//!   every later batch that concerns it. It may join only if it has already seen every change
+//!   up to H (its `next_rev` ≤ H + 1); [`Subscription::join`] checks that under the registry
+//!   lock, so nothing can be published between the check and the insertion. Joining with a
+//!   `next_rev` *beyond* H + 1 is also fine (start "from now" or a future revision): the stream
+//!   drops events below `next_rev`.
+//! - **The seam.** A watcher that starts in the past (or fell behind) reads the log itself from
+//!   its `next_rev` up to H, then tries to join; if H moved meanwhile it reads again. Since live
+//!   events are filtered by `revision ≥ next_rev` and a batch is never split, the replay and the
+//!   live stream meet with no gap and no duplicate.
+//! - **Slow streams never block the tailer.** Each stream has a bounded queue
+//!   ([`STREAM_QUEUE`] batches). If a queue is full, the hub removes all of that stream's
+//!   watchers from the index and raises its lag signal instead of waiting; the stream finishes
+//!   the batches it has, then catches up from the log and joins again. Memory per stream is
+//!   therefore bounded by its queue (shared, reference-counted batches) plus one catch-up chunk.
+//! - **Routing.** Single-key watchers are found by hash lookup; range watchers through a
+//!   B-tree ordered by range start, so an event is tested only against ranges that start at or
+//!   before its key, never against every watcher.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::ops::Bound;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use tokio::sync::{Notify, mpsc, watch};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::backend::{Backend, LogRow, RangeEnd, Revisions};
+use crate::mvcc::types::{KeyRange, KeyValue};
+use crate::mvcc::{self, Store};
+
+/// Batches a stream may have queued before it is switched to catch-up from the log.
+pub const STREAM_QUEUE: usize = 256;
+/// Most revisions the tailer, or a catching-up stream, reads in one query.
+pub const READ_CHUNK: i64 = 256;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EventKind {
+    Put,
+    Delete,
+}
+
+/// One change as a watcher sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Event {
+    pub kind: EventKind,
+    /// For a delete: only the key and the deletion's revision, as etcd reports it.
+    pub kv: KeyValue,
+    /// The key before this change; `None` when the change created it.
+    pub prev_kv: Option<KeyValue>,
+}
+
+impl Event {
+    pub fn revision(&self) -> i64 {
+        self.kv.mod_revision
+    }
+
+    pub fn from_row(row: LogRow) -> Self {
+        let prev_kv = |version| KeyValue {
+            key: row.key.clone(),
+            create_revision: row.create_revision,
+            mod_revision: row.prev_revision,
+            version,
+            value: row.old_value.clone().unwrap_or_default(),
+            lease: row.old_lease,
+        };
+        if row.deleted {
+            // A tombstone's version column holds the version the key had when deleted.
+            let prev = prev_kv(row.version);
+            Event {
+                kind: EventKind::Delete,
+                kv: KeyValue {
+                    key: row.key,
+                    mod_revision: row.revision,
+                    ..KeyValue::default()
+                },
+                prev_kv: Some(prev),
+            }
+        } else {
+            let prev = (!row.created).then(|| prev_kv(row.version - 1));
+            Event {
+                kind: EventKind::Put,
+                kv: KeyValue::from_row(row),
+                prev_kv: prev,
+            }
+        }
+    }
+}
+
+/// The changes of consecutive revisions, in order; revisions are never split across batches.
+#[derive(Debug)]
+pub struct Batch {
+    /// The last revision this batch covers (it may have had no change a stream cares about).
+    pub through: i64,
+    pub events: Vec<Event>,
+}
+
+#[derive(Clone)]
+pub struct Hub {
+    inner: Arc<HubInner>,
+}
+
+struct HubInner {
+    /// Held only to update the index or hand batches to queues; nothing awaits under it.
+    registry: Mutex<Registry>,
+    /// H, for streams that wait for progress.
+    delivered: watch::Sender<i64>,
+    next_stream: AtomicU64,
+    backend: Arc<dyn Backend>,
+}
+
+struct Registry {
+    delivered: i64,
+    streams: HashMap<u64, StreamSlot>,
+    index: RangeIndex,
+}
+
+struct StreamSlot {
+    queue: mpsc::Sender<Arc<Batch>>,
+    lag: Arc<LagSignal>,
+    /// The stream's synced watchers, to take them out of the index.
+    watchers: HashMap<i64, KeyRange>,
+}
+
+#[derive(Default)]
+struct LagSignal {
+    lagged: AtomicBool,
+    notify: Notify,
+}
+
+/// A watcher in the index: (stream, watch id).
+type Member = (u64, i64);
+
+#[derive(Default)]
+struct RangeIndex {
+    keys: HashMap<Vec<u8>, Vec<Member>>,
+    ranges: BTreeMap<Vec<u8>, Vec<(RangeEnd, Member)>>,
+}
+
+impl RangeIndex {
+    fn insert(&mut self, range: &KeyRange, member: Member) {
+        match &range.end {
+            RangeEnd::Single => self.keys.entry(range.key.clone()).or_default().push(member),
+            end => self
+                .ranges
+                .entry(range.key.clone())
+                .or_default()
+                .push((end.clone(), member)),
+        }
+    }
+
+    fn remove(&mut self, range: &KeyRange, member: Member) {
+        match &range.end {
+            RangeEnd::Single => {
+                if let Some(members) = self.keys.get_mut(&range.key) {
+                    members.retain(|m| *m != member);
+                    if members.is_empty() {
+                        self.keys.remove(&range.key);
+                    }
+                }
+            }
+            _ => {
+                if let Some(members) = self.ranges.get_mut(&range.key) {
+                    members.retain(|(_, m)| *m != member);
+                    if members.is_empty() {
+                        self.ranges.remove(&range.key);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Adds the streams with a watcher covering `key` to `out`.
+    fn streams_for(&self, key: &[u8], out: &mut HashSet<u64>) {
+        if let Some(members) = self.keys.get(key) {
+            out.extend(members.iter().map(|(stream, _)| *stream));
+        }
+        let starting_before = self
+            .ranges
+            .range::<[u8], _>((Bound::Unbounded, Bound::Included(key)));
+        for (_, members) in starting_before {
+            for (end, (stream, _)) in members {
+                let covers = match end {
+                    RangeEnd::Unbounded => true,
+                    RangeEnd::Before(end) => key < end.as_slice(),
+                    RangeEnd::Single => false,
+                };
+                if covers {
+                    out.insert(*stream);
+                }
+            }
+        }
+    }
+}
+
+impl Hub {
+    /// Starts the tailer. It reads from the store's current revision on, woken by the store's
+    /// commits and, for writes by other processes, every `poll_interval`.
+    ///
+    /// # Errors
+    /// The database cannot be read.
+    pub async fn start(
+        store: &Store,
+        poll_interval: Duration,
+        tasks: &TaskTracker,
+        shutdown: CancellationToken,
+    ) -> mvcc::Result<Self> {
+        let start = store.revisions().await?.current;
+        let (delivered, _) = watch::channel(start);
+        let hub = Hub {
+            inner: Arc::new(HubInner {
+                registry: Mutex::new(Registry {
+                    delivered: start,
+                    streams: HashMap::new(),
+                    index: RangeIndex::default(),
+                }),
+                delivered,
+                next_stream: AtomicU64::new(0),
+                backend: store.backend().clone(),
+            }),
+        };
+        tasks.spawn(run_tailer(
+            hub.clone(),
+            store.committed(),
+            poll_interval,
+            shutdown,
+        ));
+        Ok(hub)
+    }
+
+    fn registry(&self) -> MutexGuard<'_, Registry> {
+        // A panic while holding the lock leaves the registry consistent (every update is a
+        // single insert or remove), so a poisoned lock is still usable.
+        self.inner
+            .registry
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// H: every change up to this revision has been handed to the streams.
+    pub fn delivered(&self) -> i64 {
+        *self.inner.delivered.borrow()
+    }
+
+    /// Registers a new watch stream, with no watcher yet. The receiver yields the batches for
+    /// the stream's synced watchers, in revision order.
+    pub fn subscribe(&self) -> (Subscription, mpsc::Receiver<Arc<Batch>>) {
+        let id = self.inner.next_stream.fetch_add(1, Ordering::Relaxed);
+        let (queue, batches) = mpsc::channel(STREAM_QUEUE);
+        let lag = Arc::new(LagSignal::default());
+        self.registry().streams.insert(
+            id,
+            StreamSlot {
+                queue,
+                lag: lag.clone(),
+                watchers: HashMap::new(),
+            },
+        );
+        let subscription = Subscription {
+            hub: self.clone(),
+            id,
+            lag,
+        };
+        (subscription, batches)
+    }
+
+    /// A receiver that changes whenever H moves.
+    pub fn delivered_changes(&self) -> watch::Receiver<i64> {
+        self.inner.delivered.subscribe()
+    }
+
+    /// Reads the changes in `(after, through]` and the store's revisions from one snapshot.
+    ///
+    /// # Errors
+    /// The database cannot be read.
+    pub async fn read_changes(
+        &self,
+        after: i64,
+        through: i64,
+    ) -> mvcc::Result<(Revisions, Vec<Event>)> {
+        let mut tx = self.inner.backend.read().await?;
+        let revisions = tx.revisions().await?;
+        let rows = tx.changes(after, through).await?;
+        Ok((revisions, rows.into_iter().map(Event::from_row).collect()))
+    }
+
+    /// Hands the changes in `(H, through]` to the interested streams, then moves H.
+    fn publish(&self, through: i64, events: Vec<Event>) {
+        let batch = Arc::new(Batch { through, events });
+        let mut registry = self.registry();
+        let mut interested = HashSet::new();
+        for event in &batch.events {
+            registry.index.streams_for(&event.kv.key, &mut interested);
+        }
+        for stream in interested {
+            let Some(slot) = registry.streams.get(&stream) else {
+                continue;
+            };
+            match slot.queue.try_send(batch.clone()) {
+                Ok(()) => {}
+                Err(mpsc::error::TrySendError::Full(_)) => {
+                    let watchers = std::mem::take(
+                        &mut registry
+                            .streams
+                            .get_mut(&stream)
+                            .expect("the stream was just found")
+                            .watchers,
+                    );
+                    for (watch, range) in &watchers {
+                        registry.index.remove(range, (stream, *watch));
+                    }
+                    if let Some(slot) = registry.streams.get(&stream) {
+                        slot.lag.lagged.store(true, Ordering::Release);
+                        slot.lag.notify.notify_one();
+                    }
+                    tracing::debug!(stream, "watch stream fell behind; it will catch up");
+                }
+                Err(mpsc::error::TrySendError::Closed(_)) => {
+                    Registry::drop_stream(&mut registry, stream);
+                }
+            }
+        }
+        registry.delivered = through;
+        drop(registry);
+        self.inner.delivered.send_replace(through);
+    }
+}
+
+impl Registry {
+    fn drop_stream(&mut self, stream: u64) {
+        if let Some(slot) = self.streams.remove(&stream) {
+            for (watch, range) in &slot.watchers {
+                self.index.remove(range, (stream, *watch));
+            }
+        }
+    }
+}
+
+/// One watch stream's link to the hub. Dropping it unregisters every watcher of the stream.
+pub struct Subscription {
+    hub: Hub,
+    id: u64,
+    lag: Arc<LagSignal>,
+}
+
+impl Subscription {
+    pub fn hub(&self) -> &Hub {
+        &self.hub
+    }
+
+    /// Makes a watcher synced if it has seen everything up to H, i.e. `next_rev ≤ H + 1`;
+    /// otherwise returns H, up to which it must read the log first.
+    ///
+    /// # Errors
+    /// `Err(H)` when the hub is ahead of the watcher.
+    pub fn join(&self, watch: i64, range: &KeyRange, next_rev: i64) -> Result<(), i64> {
+        let mut registry = self.hub.registry();
+        if next_rev <= registry.delivered {
+            return Err(registry.delivered);
+        }
+        let Some(slot) = registry.streams.get_mut(&self.id) else {
+            return Err(registry.delivered);
+        };
+        if slot.lag.lagged.load(Ordering::Acquire) {
+            // The stream must drain and catch up first; joining now could open a gap.
+            return Err(registry.delivered);
+        }
+        slot.watchers.insert(watch, range.clone());
+        registry.index.insert(range, (self.id, watch));
+        Ok(())
+    }
+
+    /// Takes a watcher out of the index (it is cancelled, or its stream fell behind).
+    pub fn leave(&self, watch: i64) {
+        let mut registry = self.hub.registry();
+        if let Some(range) = registry
+            .streams
+            .get_mut(&self.id)
+            .and_then(|slot| slot.watchers.remove(&watch))
+        {
+            registry.index.remove(&range, (self.id, watch));
+        }
+    }
+
+    /// Whether the hub dropped this stream's watchers because its queue was full.
+    pub fn lagged(&self) -> bool {
+        self.lag.lagged.load(Ordering::Acquire)
+    }
+
+    /// Waits until the hub drops this stream's watchers (returns at once if it did since the
+    /// last wait).
+    pub async fn lag_signalled(&self) {
+        self.lag.notify.notified().await;
+    }
+
+    /// Declares the lag handled: the stream has drained its queue and will catch up.
+    pub fn clear_lag(&self) {
+        self.lag.lagged.store(false, Ordering::Release);
+    }
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        self.hub.registry().drop_stream(self.id);
+    }
+}
+
+/// Follows the log: after each local commit at once, and every `poll_interval` regardless.
+async fn run_tailer(
+    hub: Hub,
+    mut commits: watch::Receiver<i64>,
+    poll_interval: Duration,
+    shutdown: CancellationToken,
+) {
+    let mut delivered = hub.delivered();
+    let mut retry = Duration::from_millis(50);
+    loop {
+        match tail_once(&hub, delivered).await {
+            Ok(through) => {
+                delivered = through;
+                retry = Duration::from_millis(50);
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "watch hub cannot read the log; retrying");
+                tokio::select! {
+                    () = tokio::time::sleep(retry) => {}
+                    () = shutdown.cancelled() => return,
+                }
+                retry = (retry * 2).min(Duration::from_secs(2));
+                continue;
+            }
+        }
+        tokio::select! {
+            changed = commits.changed() => if changed.is_err() { return },
+            () = tokio::time::sleep(poll_interval) => {}
+            () = shutdown.cancelled() => return,
+        }
+    }
+}
+
+/// Publishes everything committed after `delivered`; returns the new H.
+async fn tail_once(hub: &Hub, mut delivered: i64) -> mvcc::Result<i64> {
+    loop {
+        let current = hub.inner.backend.read().await?.revisions().await?.current;
+        if current <= delivered {
+            return Ok(delivered);
+        }
+        while delivered < current {
+            let through = (delivered + READ_CHUNK).min(current);
+            let (_, events) = hub.read_changes(delivered, through).await?;
+            hub.publish(through, events);
+            delivered = through;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn range(key: &str, end: &str) -> KeyRange {
+        KeyRange::from_etcd(key.as_bytes().to_vec(), end.as_bytes().to_vec())
+    }
+
+    fn streams(index: &RangeIndex, key: &str) -> Vec<u64> {
+        let mut out = HashSet::new();
+        index.streams_for(key.as_bytes(), &mut out);
+        let mut out: Vec<_> = out.into_iter().collect();
+        out.sort_unstable();
+        out
+    }
+
+    #[test]
+    fn index_routes_by_key_and_range() {
+        let mut index = RangeIndex::default();
+        index.insert(&range("a", ""), (1, 0));
+        index.insert(&range("a/", "a0"), (2, 0));
+        index.insert(&range("b", "\0"), (3, 0));
+        index.insert(&range("a/x", "a/y"), (4, 0));
+        assert_eq!(streams(&index, "a"), vec![1]);
+        assert_eq!(streams(&index, "a/x1"), vec![2, 4]);
+        assert_eq!(streams(&index, "a/z"), vec![2]);
+        assert_eq!(streams(&index, "a0"), Vec::<u64>::new());
+        assert_eq!(streams(&index, "zz"), vec![3]);
+        index.remove(&range("a/", "a0"), (2, 0));
+        assert_eq!(streams(&index, "a/x1"), vec![4]);
+        index.remove(&range("a", ""), (1, 0));
+        assert!(index.keys.is_empty());
+    }
+
+    fn row(revision: i64, deleted: bool, created: bool) -> LogRow {
+        LogRow {
+            revision,
+            sub: 0,
+            key: b"k".to_vec(),
+            created,
+            deleted,
+            create_revision: 2,
+            prev_revision: revision - 1,
+            version: 3,
+            lease: 0,
+            value: if deleted { vec![] } else { b"new".to_vec() },
+            old_value: (!created).then(|| b"old".to_vec()),
+            old_lease: 7,
+        }
+    }
+
+    #[test]
+    fn events_rebuild_prev_kv_from_the_row() {
+        let update = Event::from_row(row(5, false, false));
+        assert_eq!(update.kind, EventKind::Put);
+        assert_eq!(update.kv.version, 3);
+        let prev = update.prev_kv.unwrap();
+        assert_eq!(
+            (prev.mod_revision, prev.version, prev.value, prev.lease),
+            (4, 2, b"old".to_vec(), 7)
+        );
+
+        let create = Event::from_row(row(2, false, true));
+        assert!(create.prev_kv.is_none());
+
+        let delete = Event::from_row(row(6, true, false));
+        assert_eq!(delete.kind, EventKind::Delete);
+        assert_eq!(
+            (
+                delete.kv.mod_revision,
+                delete.kv.version,
+                delete.kv.create_revision
+            ),
+            (6, 0, 0)
+        );
+        let prev = delete.prev_kv.unwrap();
+        assert_eq!(
+            (prev.mod_revision, prev.version, prev.value),
+            (5, 3, b"old".to_vec())
+        );
+    }
+}
