@@ -36,8 +36,10 @@ pub struct Config {
     #[arg(long, env = "ETCDSQL_NAME", default_value = "default")]
     pub name: String,
 
-    /// The etcd version reported by Status and /version. Clients switch features on it.
-    #[arg(long, env = "ETCDSQL_EMULATED_ETCD_VERSION", default_value = "3.5.0", value_parser = parse_version)]
+    /// The etcd version reported by Status and /version. Clients switch features on it:
+    /// kube-apiserver 1.31+ serves consistent lists from its watch cache (relying on watch
+    /// progress requests) from 3.5.13 on, and kubeadm's external-etcd check wants 3.5.24+.
+    #[arg(long, env = "ETCDSQL_EMULATED_ETCD_VERSION", default_value = "3.6.16", value_parser = parse_version)]
     pub emulated_etcd_version: String,
 
     /// Largest request accepted, in bytes; larger ones get "etcdserver: request is too large".

@@ -19,7 +19,7 @@ async fn status_reports_one_leader_and_the_current_revision() {
     let s = c.status().await.unwrap();
     let header = s.header().unwrap();
     assert_eq!(header.revision(), 2);
-    assert_eq!(s.version(), "3.5.0");
+    assert_eq!(s.version(), "3.6.16");
     assert_eq!(s.leader(), header.member_id());
     assert_ne!(s.leader(), 0);
     assert!(s.db_size() > 0);
