@@ -449,3 +449,56 @@ async fn a_slow_watcher_catches_up_without_losing_events() {
     assert_eq!(current.header().unwrap().revision(), 1 + total as i64);
     server.stop().await;
 }
+
+/// The scale the hub is designed for: 10,000 watchers on 100 streams, each watching its own key
+/// or a shared prefix. Every watcher gets exactly its events.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_thousand_watchers_on_a_hundred_streams() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(dir.path()).await;
+    let mut c = server.client().await;
+    let streams = 100;
+    let per_stream = 100;
+    let mut handles = Vec::new();
+    for s in 0..streams {
+        let mut c = c.clone();
+        handles.push(tokio::spawn(async move {
+            // Watcher 0 of each stream watches the shared prefix; the others one key each.
+            let mut stream = c
+                .watch("w/", Some(WatchOptions::new().with_prefix()))
+                .await
+                .unwrap();
+            for w in 1..per_stream {
+                stream.watch(format!("w/{s}/{w}"), None).await.unwrap();
+            }
+            for _ in 0..per_stream {
+                assert!(next(&mut stream).await.created());
+            }
+            stream
+        }));
+    }
+    let mut watch_streams = Vec::new();
+    for h in handles {
+        watch_streams.push(h.await.unwrap());
+    }
+    // Ten keys of stream 7 and one key in every stream: 109 revisions.
+    for w in 1..=10 {
+        put(&mut c, &format!("w/7/{w}"), "v").await;
+    }
+    for s in 0..streams {
+        put(&mut c, &format!("w/{s}/50"), "v").await;
+    }
+    for (s, mut stream) in watch_streams.into_iter().enumerate() {
+        let own = if s == 7 { 11 } else { 1 };
+        let prefix_events = 10 + streams;
+        let mut by_watch: std::collections::BTreeMap<i64, usize> = Default::default();
+        while by_watch.values().sum::<usize>() < prefix_events + own {
+            let r = next(&mut stream).await;
+            *by_watch.entry(r.watch_id()).or_default() += r.events().len();
+        }
+        assert_eq!(by_watch.get(&0), Some(&prefix_events), "stream {s}");
+        assert_eq!(by_watch.get(&50), Some(&1), "stream {s}");
+        assert_eq!(by_watch.len(), if s == 7 { 12 } else { 2 }, "stream {s}");
+    }
+    server.stop().await;
+}
