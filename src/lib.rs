@@ -10,10 +10,12 @@
 //! - [`backend`]: the log in a database; the only code with SQL.
 //! - [`watch`]: the hub that tails the log and fans new revisions out to watch streams.
 //! - [`pb`]: the generated protobuf types.
+//! - [`compat`]: repairs what old etcd clients send that Rust's HTTP/2 stack would refuse.
 //! - [`config`]: the command line.
 
 pub mod api;
 pub mod backend;
+pub mod compat;
 pub mod config;
 pub mod mvcc;
 pub mod pb;

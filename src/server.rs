@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
+use tokio_stream::StreamExt;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tonic::service::Routes;
@@ -21,6 +22,7 @@ use crate::api::maintenance::MaintenanceService;
 use crate::api::watch::WatchService;
 use crate::api::{self, ServerInfo};
 use crate::backend;
+use crate::compat::AuthorityFix;
 use crate::config::Config;
 use crate::mvcc::{self, Store};
 use crate::pb::etcdserverpb as pb;
@@ -144,7 +146,10 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Runnin
 
     let mut servers = JoinSet::new();
     for listener in listeners {
-        let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+        // etcdctl 3.4 sends URL-valued `:authority` headers that h2 would reject.
+        let incoming = TcpIncoming::from(listener)
+            .with_nodelay(Some(true))
+            .map(|conn| conn.map(AuthorityFix::new));
         let serve = tonic::transport::Server::builder()
             .accept_http1(true)
             // Answer clients' keepalive pings and detect dead peers; kube-apiserver holds
