@@ -502,3 +502,69 @@ async fn ten_thousand_watchers_on_a_hundred_streams() {
     }
     server.stop().await;
 }
+
+/// A revision larger than the request limit reaches a `fragment` watcher in several responses,
+/// all but the last marked `fragment`, and a plain watcher in one.
+#[tokio::test]
+async fn large_revisions_are_fragmented_on_request() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start_with(dir.path(), |c| c.max_request_bytes = 4096).await;
+    let mut c = server.client().await;
+    let mut fragmented = c
+        .watch(
+            "big/",
+            Some(
+                WatchOptions::new()
+                    .with_prefix()
+                    .with_prev_key()
+                    .with_fragment(),
+            ),
+        )
+        .await
+        .unwrap();
+    next(&mut fragmented).await;
+    let mut whole = c
+        .watch(
+            "big/",
+            Some(WatchOptions::new().with_prefix().with_prev_key()),
+        )
+        .await
+        .unwrap();
+    next(&mut whole).await;
+    for i in 0..6 {
+        put(&mut c, &format!("big/{i}"), &"v".repeat(1500)).await;
+    }
+    // One revision deleting all six keys: with prev_kv, about 9 KiB of events.
+    c.delete(
+        "big/",
+        Some(
+            etcd_client::DeleteOptions::new()
+                .with_prefix()
+                .with_prev_key(),
+        ),
+    )
+    .await
+    .unwrap();
+    let mut puts = 0;
+    while puts < 6 {
+        puts += next(&mut fragmented).await.events().len();
+    }
+    let mut parts = Vec::new();
+    loop {
+        let r = next(&mut fragmented).await;
+        parts.push((r.0.fragment, r.events().len()));
+        if !r.0.fragment {
+            break;
+        }
+    }
+    assert!(parts.len() > 1, "the deletes came in fragments: {parts:?}");
+    assert_eq!(parts.iter().map(|p| p.1).sum::<usize>(), 6);
+
+    let mut puts = 0;
+    while puts < 6 {
+        puts += next(&mut whole).await.events().len();
+    }
+    let all = next(&mut whole).await;
+    assert_eq!((all.events().len(), all.0.fragment), (6, false));
+    server.stop().await;
+}

@@ -215,8 +215,20 @@ impl Hub {
         shutdown: CancellationToken,
     ) -> mvcc::Result<Self> {
         let start = store.revisions().await?.current;
+        let hub = Hub::new(store.backend().clone(), start);
+        tasks.spawn(run_tailer(
+            hub.clone(),
+            store.committed(),
+            poll_interval,
+            shutdown,
+        ));
+        Ok(hub)
+    }
+
+    /// A hub that has delivered everything up to `start`, with no tailer.
+    fn new(backend: Arc<dyn Backend>, start: i64) -> Self {
         let (delivered, _) = watch::channel(start);
-        let hub = Hub {
+        Hub {
             inner: Arc::new(HubInner {
                 registry: Mutex::new(Registry {
                     delivered: start,
@@ -225,16 +237,9 @@ impl Hub {
                 }),
                 delivered,
                 next_stream: AtomicU64::new(0),
-                backend: store.backend().clone(),
+                backend,
             }),
-        };
-        tasks.spawn(run_tailer(
-            hub.clone(),
-            store.committed(),
-            poll_interval,
-            shutdown,
-        ));
-        Ok(hub)
+        }
     }
 
     fn registry(&self) -> MutexGuard<'_, Registry> {
@@ -512,6 +517,67 @@ mod tests {
             old_value: (!created).then(|| b"old".to_vec()),
             old_lease: 7,
         }
+    }
+
+    fn put_event(key: &str, revision: i64) -> Event {
+        Event {
+            kind: EventKind::Put,
+            kv: KeyValue {
+                key: key.as_bytes().to_vec(),
+                create_revision: revision,
+                mod_revision: revision,
+                version: 1,
+                value: b"v".to_vec(),
+                lease: 0,
+            },
+            prev_kv: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_full_queue_takes_the_stream_off_the_hub_until_it_catches_up() {
+        let dir = tempfile::tempdir().unwrap();
+        let endpoint = format!("sqlite://{}", dir.path().join("state.db").display());
+        let hub = Hub::new(crate::backend::open(&endpoint).await.unwrap(), 1);
+        let (sub, mut batches) = hub.subscribe();
+        let (other, mut other_batches) = hub.subscribe();
+        let all = range("k", "\0");
+        sub.join(0, &all, 2).unwrap();
+        other.join(0, &all, 2).unwrap();
+        // A watcher that has not seen up to H may not join.
+        assert_eq!(sub.join(1, &all, 1), Err(1));
+
+        let overflow = 2 + STREAM_QUEUE as i64;
+        for revision in 2..=overflow {
+            hub.publish(revision, vec![put_event("k", revision)]);
+            // The other stream keeps reading: the slow one does not hold it back.
+            assert_eq!(other_batches.recv().await.unwrap().through, revision);
+        }
+        assert!(sub.lagged());
+        assert!(!other.lagged());
+        assert_eq!(hub.delivered(), overflow);
+        // Nothing more is queued for the lagging stream, and it cannot rejoin yet.
+        hub.publish(overflow + 1, vec![put_event("k", overflow + 1)]);
+        assert_eq!(batches.len(), STREAM_QUEUE);
+        assert_eq!(sub.join(0, &all, overflow + 2), Err(overflow + 1));
+
+        // It drains its queue (revisions 2..=257, in order), reads the rest from the log,
+        // then rejoins and receives live batches again.
+        let mut last = 1;
+        while let Ok(batch) = batches.try_recv() {
+            assert_eq!(batch.through, last + 1);
+            last = batch.through;
+        }
+        assert_eq!(last, overflow - 1);
+        sub.clear_lag();
+        sub.join(0, &all, overflow + 2).unwrap();
+        hub.publish(overflow + 2, vec![put_event("k", overflow + 2)]);
+        assert_eq!(batches.recv().await.unwrap().through, overflow + 2);
+
+        // Dropping a subscription removes its watchers from the index.
+        drop(sub);
+        hub.publish(overflow + 3, vec![put_event("k", overflow + 3)]);
+        assert!(hub.registry().index.ranges.values().all(|m| m.len() == 1));
     }
 
     #[test]
