@@ -8,6 +8,7 @@
 # Every scenario gets a fresh server on free 127.0.0.1 ports and a fresh data
 # directory. Scenarios listed in conformance/pending-etcdsql (features etcdsql
 # does not have yet) are skipped for the etcdsql target unless RUN_PENDING=1.
+# A scenario's "# etcd-flags: ..." / "# etcdsql-flags: ..." lines add server flags.
 # See conformance/README.md.
 set -euo pipefail
 
@@ -72,6 +73,7 @@ fi
 
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/etcdsql-conformance.XXXXXX")
 SERVER_PID=""
+SERVER_FLAGS=()
 
 stop_server() {
     local pid=$SERVER_PID i
@@ -113,7 +115,20 @@ for s in socks:
 EOF
 }
 
-# start_server DIR: starts $TARGET with its state in DIR; sets SERVER_PID, PORT.
+# scenario_flags FILE: sets SERVER_FLAGS to the extra server flags the scenario
+# asks for on its "# etcd-flags: ..." / "# etcdsql-flags: ..." lines (the ones for
+# $TARGET; split on whitespace, several lines add up).
+scenario_flags() {
+    local line words
+    SERVER_FLAGS=()
+    while IFS= read -r line; do
+        read -ra words <<<"$line"
+        SERVER_FLAGS+=("${words[@]}")
+    done < <(sed -n "s/^# $TARGET-flags:[[:space:]]*//p" "$1")
+}
+
+# start_server DIR: starts $TARGET with its state in DIR, plus SERVER_FLAGS;
+# sets SERVER_PID, PORT.
 start_server() {
     local dir=$1 ports pp
     if [ "$TARGET" = etcd ]; then
@@ -128,6 +143,7 @@ start_server() {
             --initial-advertise-peer-urls "http://127.0.0.1:$pp" \
             --initial-cluster "default=http://127.0.0.1:$pp" \
             --initial-cluster-state new \
+            ${SERVER_FLAGS[@]+"${SERVER_FLAGS[@]}"} \
             >"$dir/server.log" 2>&1 </dev/null &
         SERVER_PID=$!
     else
@@ -136,6 +152,7 @@ start_server() {
             --listen-client-urls "http://127.0.0.1:$PORT" \
             --advertise-client-urls "http://127.0.0.1:$PORT" \
             --endpoint "sqlite://$dir/state.db" \
+            ${SERVER_FLAGS[@]+"${SERVER_FLAGS[@]}"} \
             >"$dir/server.log" 2>&1 </dev/null &
         SERVER_PID=$!
     fi
@@ -229,6 +246,7 @@ for name in "${SCENARIOS[@]}"; do
     sdir="$WORK/$name"
     mkdir -p "$sdir/tmp"
     t0=$SECONDS
+    scenario_flags "$SCEN_DIR/$name.sh"
     start_server "$sdir"
     if ! wait_ready; then
         stop_server
