@@ -13,7 +13,7 @@ mod common;
 use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 
-use common::TestServer;
+use common::{TestServer, current_revision};
 use etcd_client::{Client, EventType, Txn, TxnOp, WatchOptions, WatchResponse, WatchStream};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -297,13 +297,7 @@ async fn every_watcher_sees_exactly_the_log() {
             .await
             .unwrap();
     }
-    let floor = c
-        .get("g/", None)
-        .await
-        .unwrap()
-        .header()
-        .unwrap()
-        .revision();
+    let floor = current_revision(&mut c).await;
 
     let (final_tx, final_rx) = tokio::sync::watch::channel(0);
     let mut streams = Vec::new();
@@ -344,13 +338,7 @@ async fn every_watcher_sees_exactly_the_log() {
         w.await.unwrap();
     }
     compactor.await.unwrap();
-    let last = c
-        .get("g/", None)
-        .await
-        .unwrap()
-        .header()
-        .unwrap()
-        .revision();
+    let last = current_revision(&mut c).await;
     final_tx.send(last).unwrap();
 
     // The log itself, as the reference: every event from the floor to the last revision.

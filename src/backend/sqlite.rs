@@ -208,6 +208,17 @@ impl Backend for SqliteBackend {
 /// A transaction on either pool: reads and writes share their queries.
 struct SqliteTxn(Transaction<'static, Sqlite>);
 
+impl SqliteTxn {
+    async fn set_meta(&mut self, name: &str, value: i64) -> Result<()> {
+        sqlx::query("UPDATE meta SET value = ?1 WHERE name = ?2")
+            .bind(value)
+            .bind(name)
+            .execute(&mut *self.0)
+            .await?;
+        Ok(())
+    }
+}
+
 fn end_key(end: &RangeEnd) -> &[u8] {
     match end {
         RangeEnd::Before(end) => end,
@@ -341,19 +352,11 @@ impl WriteTxn for SqliteTxn {
     }
 
     async fn set_current_revision(&mut self, revision: i64) -> Result<()> {
-        sqlx::query("UPDATE meta SET value = ?1 WHERE name = 'current_revision'")
-            .bind(revision)
-            .execute(&mut *self.0)
-            .await?;
-        Ok(())
+        self.set_meta("current_revision", revision).await
     }
 
     async fn set_compact_revision(&mut self, revision: i64) -> Result<()> {
-        sqlx::query("UPDATE meta SET value = ?1 WHERE name = 'compact_revision'")
-            .bind(revision)
-            .execute(&mut *self.0)
-            .await?;
-        Ok(())
+        self.set_meta("compact_revision", revision).await
     }
 
     async fn savepoint(&mut self) -> Result<()> {

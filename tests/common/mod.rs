@@ -94,3 +94,9 @@ pub fn fields(kvs: &[etcd_client::KeyValue]) -> Vec<Fields> {
         })
         .collect()
 }
+
+/// The store's current revision, as a read's header reports it.
+pub async fn current_revision(c: &mut Client) -> i64 {
+    let read = c.get("any", None).await.expect("a read succeeds");
+    read.header().expect("a header").revision()
+}
