@@ -9,6 +9,7 @@
 //!   rules, compaction — with a single writer task that commits writes in groups.
 //! - [`backend`]: the log in a database; the only code with SQL.
 //! - [`watch`]: the hub that tails the log and fans new revisions out to watch streams.
+//! - [`lease`]: leases, keep-alives and the expiry loop.
 //! - [`pb`]: the generated protobuf types.
 //! - [`compat`]: repairs what old etcd clients send that Rust's HTTP/2 stack would refuse.
 //! - [`config`]: the command line.
@@ -17,6 +18,7 @@ pub mod api;
 pub mod backend;
 pub mod compat;
 pub mod config;
+pub mod lease;
 pub mod mvcc;
 pub mod pb;
 pub mod server;

@@ -6,6 +6,7 @@
 //! committed, so cutting streams at the deadline loses nothing that was acknowledged.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::TcpListener;
@@ -18,12 +19,14 @@ use tonic::transport::server::TcpIncoming;
 
 use crate::api::cluster::ClusterService;
 use crate::api::kv::KvService;
+use crate::api::lease::LeaseService;
 use crate::api::maintenance::MaintenanceService;
 use crate::api::watch::WatchService;
 use crate::api::{self, ServerInfo};
 use crate::backend;
 use crate::compat::AuthorityFix;
 use crate::config::Config;
+use crate::lease::{Lessor, SystemClock};
 use crate::mvcc::{self, Store};
 use crate::pb::etcdserverpb as pb;
 use crate::watch::Hub;
@@ -134,6 +137,9 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Runnin
 
     let (health, health_service) = tonic_health::server::health_reporter();
     tasks.spawn(report_health(health, store.clone(), shutdown.clone()));
+    let lessor = Lessor::new(store.clone(), Arc::new(SystemClock));
+    lessor.start_expiry(&tasks, store_shutdown.clone());
+    let lease = LeaseService::new(lessor, info.clone());
     let watch = WatchService::new(
         hub,
         store.clone(),
@@ -141,8 +147,8 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Runnin
         config.watch_progress_notify_interval,
         shutdown.clone(),
     );
-    let routes =
-        build_routes(&store, watch, &info, config.max_request_bytes).add_service(health_service);
+    let routes = build_routes(&store, watch, lease, &info, config.max_request_bytes)
+        .add_service(health_service);
 
     let mut servers = JoinSet::new();
     for listener in listeners {
@@ -184,6 +190,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Runnin
 fn build_routes(
     store: &Store,
     watch: WatchService,
+    lease: LeaseService,
     info: &ServerInfo,
     max_request_bytes: usize,
 ) -> Routes {
@@ -202,8 +209,10 @@ fn build_routes(
     .max_decoding_message_size(max_decoding);
     let cluster = pb::cluster_server::ClusterServer::new(ClusterService::new(info.clone()))
         .max_decoding_message_size(max_decoding);
+    let lease = pb::lease_server::LeaseServer::new(lease).max_decoding_message_size(max_decoding);
     let mut routes = Routes::new(kv)
         .add_service(watch)
+        .add_service(lease)
         .add_service(maintenance)
         .add_service(cluster);
     let router = routes.axum_router_mut();

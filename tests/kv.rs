@@ -671,6 +671,9 @@ async fn ignore_value_and_ignore_lease_keep_the_current_ones() {
     let dir = tempfile::tempdir().unwrap();
     let server = TestServer::start(dir.path()).await;
     let mut c = server.client().await;
+    c.lease_grant(600, Some(etcd_client::LeaseGrantOptions::new().with_id(42)))
+        .await
+        .unwrap();
     c.put("i", "keep", Some(PutOptions::new().with_lease(42)))
         .await
         .unwrap();

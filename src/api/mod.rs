@@ -6,6 +6,7 @@
 pub mod cluster;
 pub mod http;
 pub mod kv;
+pub mod lease;
 pub mod maintenance;
 pub mod status;
 pub mod watch;

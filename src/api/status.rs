@@ -23,6 +23,8 @@ pub enum RequestError {
     DuplicateKey,
     #[error("etcdserver: request is too large")]
     TooLarge,
+    #[error("etcdserver: too large lease TTL")]
+    LeaseTtlTooLarge,
     /// An enum value this server does not know.
     #[error("etcdserver: unknown {0} {1}")]
     UnknownEnum(&'static str, i32),
@@ -30,7 +32,11 @@ pub enum RequestError {
 
 impl From<RequestError> for Status {
     fn from(e: RequestError) -> Self {
-        Status::new(Code::InvalidArgument, e.to_string())
+        let code = match e {
+            RequestError::LeaseTtlTooLarge => Code::OutOfRange,
+            _ => Code::InvalidArgument,
+        };
+        Status::new(code, e.to_string())
     }
 }
 
@@ -44,6 +50,12 @@ impl From<mvcc::Error> for Status {
                 Status::out_of_range("etcdserver: mvcc: required revision is a future revision")
             }
             mvcc::Error::KeyNotFound => Status::invalid_argument("etcdserver: key not found"),
+            mvcc::Error::LeaseNotFound => {
+                Status::not_found("etcdserver: requested lease not found")
+            }
+            mvcc::Error::LeaseExists => {
+                Status::failed_precondition("etcdserver: lease already exists")
+            }
             mvcc::Error::Backend(e) => {
                 Status::unavailable(format!("etcdserver: storage unavailable: {e}"))
             }
@@ -83,6 +95,21 @@ mod tests {
                 RequestError::TooLarge.into(),
                 Code::InvalidArgument,
                 "etcdserver: request is too large",
+            ),
+            (
+                mvcc::Error::LeaseNotFound.into(),
+                Code::NotFound,
+                "etcdserver: requested lease not found",
+            ),
+            (
+                mvcc::Error::LeaseExists.into(),
+                Code::FailedPrecondition,
+                "etcdserver: lease already exists",
+            ),
+            (
+                RequestError::LeaseTtlTooLarge.into(),
+                Code::OutOfRange,
+                "etcdserver: too large lease TTL",
             ),
             (
                 RequestError::TooManyOps.into(),

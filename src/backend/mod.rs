@@ -35,6 +35,16 @@ pub struct LogRow {
     pub old_lease: i64,
 }
 
+/// A lease as stored: its granted TTL and absolute deadline.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LeaseRow {
+    pub id: i64,
+    /// Granted TTL in seconds; a keep-alive renews the lease to this.
+    pub ttl: i64,
+    /// Deadline in Unix milliseconds.
+    pub expires_at: i64,
+}
+
 /// Where a key range ends.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum RangeEnd {
@@ -121,6 +131,14 @@ pub trait ReadTxn: Send {
     /// Every change with a revision in `(after, through]`, in revision and sub-revision order,
     /// `old_value` included (the watch hub's prev_kv).
     async fn changes(&mut self, after: i64, through: i64) -> Result<Vec<LogRow>>;
+    async fn lease(&mut self, id: i64) -> Result<Option<LeaseRow>>;
+    async fn leases(&mut self) -> Result<Vec<LeaseRow>>;
+    /// The live keys attached to lease `id` (not 0) as of `revision`, in key order.
+    async fn lease_keys(&mut self, id: i64, revision: i64) -> Result<Vec<LogRow>>;
+    /// Leases whose deadline is at or before `now`, earliest first, at most `limit`.
+    async fn expired_leases(&mut self, now: i64, limit: i64) -> Result<Vec<LeaseRow>>;
+    /// The earliest lease deadline, if any lease exists.
+    async fn next_expiry(&mut self) -> Result<Option<i64>>;
 }
 
 /// The exclusive write transaction. Dropping it without `commit` rolls everything back.
@@ -129,6 +147,12 @@ pub trait WriteTxn: ReadTxn {
     async fn insert(&mut self, row: &LogRow) -> Result<()>;
     async fn set_current_revision(&mut self, revision: i64) -> Result<()>;
     async fn set_compact_revision(&mut self, revision: i64) -> Result<()>;
+    /// Stores a new lease; `false` if its id is taken.
+    async fn insert_lease(&mut self, lease: &LeaseRow) -> Result<bool>;
+    /// Moves a lease's deadline; `false` if it does not exist.
+    async fn set_lease_expiry(&mut self, id: i64, expires_at: i64) -> Result<bool>;
+    /// `false` if it did not exist.
+    async fn delete_lease(&mut self, id: i64) -> Result<bool>;
     /// Marks a point that `rollback_to_savepoint` returns to; nested savepoints are not needed.
     async fn savepoint(&mut self) -> Result<()>;
     async fn release_savepoint(&mut self) -> Result<()>;

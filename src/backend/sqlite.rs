@@ -21,7 +21,9 @@ use sqlx::sqlite::{
 };
 use sqlx::{Row, Sqlite, Transaction};
 
-use super::{Backend, DbSize, Error, LogRow, RangeEnd, ReadTxn, Result, Revisions, Scan, WriteTxn};
+use super::{
+    Backend, DbSize, Error, LeaseRow, LogRow, RangeEnd, ReadTxn, Result, Revisions, Scan, WriteTxn,
+};
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
 
@@ -323,6 +325,67 @@ impl ReadTxn for SqliteTxn {
             .await?;
         rows.iter().map(decode_row).collect()
     }
+
+    async fn lease(&mut self, id: i64) -> Result<Option<LeaseRow>> {
+        let row: Option<(i64, i64, i64)> =
+            sqlx::query_as("SELECT id, ttl, expires_at FROM leases WHERE id = ?1")
+                .bind(id)
+                .fetch_optional(&mut *self.0)
+                .await?;
+        Ok(row.map(lease_row))
+    }
+
+    async fn leases(&mut self) -> Result<Vec<LeaseRow>> {
+        let rows: Vec<(i64, i64, i64)> =
+            sqlx::query_as("SELECT id, ttl, expires_at FROM leases ORDER BY id")
+                .fetch_all(&mut *self.0)
+                .await?;
+        Ok(rows.into_iter().map(lease_row).collect())
+    }
+
+    async fn lease_keys(&mut self, id: i64, revision: i64) -> Result<Vec<LogRow>> {
+        // `k.lease != 0` lets SQLite use the partial index on leases. `live_rows!` reads the
+        // revision from `?3`; `?2` (a range end elsewhere) is unused here.
+        let sql = concat!(
+            "SELECT k.revision, k.sub, k.name, k.created, k.deleted, k.create_revision, \
+             k.prev_revision, k.version, k.lease, k.value, k.old_value, k.old_lease",
+            live_rows!("k.lease = ?1 AND k.lease != 0"),
+            " ORDER BY k.name"
+        );
+        let rows = sqlx::query(sql)
+            .bind(id)
+            .bind(0)
+            .bind(revision)
+            .fetch_all(&mut *self.0)
+            .await?;
+        rows.iter().map(decode_row).collect()
+    }
+
+    async fn expired_leases(&mut self, now: i64, limit: i64) -> Result<Vec<LeaseRow>> {
+        let rows: Vec<(i64, i64, i64)> = sqlx::query_as(
+            "SELECT id, ttl, expires_at FROM leases WHERE expires_at <= ?1 \
+             ORDER BY expires_at LIMIT ?2",
+        )
+        .bind(now)
+        .bind(limit)
+        .fetch_all(&mut *self.0)
+        .await?;
+        Ok(rows.into_iter().map(lease_row).collect())
+    }
+
+    async fn next_expiry(&mut self) -> Result<Option<i64>> {
+        Ok(sqlx::query_scalar("SELECT MIN(expires_at) FROM leases")
+            .fetch_one(&mut *self.0)
+            .await?)
+    }
+}
+
+fn lease_row((id, ttl, expires_at): (i64, i64, i64)) -> LeaseRow {
+    LeaseRow {
+        id,
+        ttl,
+        expires_at,
+    }
 }
 
 #[async_trait]
@@ -357,6 +420,39 @@ impl WriteTxn for SqliteTxn {
 
     async fn set_compact_revision(&mut self, revision: i64) -> Result<()> {
         self.set_meta("compact_revision", revision).await
+    }
+
+    async fn insert_lease(&mut self, lease: &LeaseRow) -> Result<bool> {
+        let inserted = sqlx::query(
+            "INSERT INTO leases (id, ttl, expires_at) VALUES (?1, ?2, ?3) \
+             ON CONFLICT (id) DO NOTHING",
+        )
+        .bind(lease.id)
+        .bind(lease.ttl)
+        .bind(lease.expires_at)
+        .execute(&mut *self.0)
+        .await?
+        .rows_affected();
+        Ok(inserted == 1)
+    }
+
+    async fn set_lease_expiry(&mut self, id: i64, expires_at: i64) -> Result<bool> {
+        let updated = sqlx::query("UPDATE leases SET expires_at = ?1 WHERE id = ?2")
+            .bind(expires_at)
+            .bind(id)
+            .execute(&mut *self.0)
+            .await?
+            .rows_affected();
+        Ok(updated == 1)
+    }
+
+    async fn delete_lease(&mut self, id: i64) -> Result<bool> {
+        let deleted = sqlx::query("DELETE FROM leases WHERE id = ?1")
+            .bind(id)
+            .execute(&mut *self.0)
+            .await?
+            .rows_affected();
+        Ok(deleted == 1)
     }
 
     async fn savepoint(&mut self) -> Result<()> {

@@ -36,12 +36,12 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::backend::{self, Backend, DbSize, ReadTxn, Revisions, Scan};
+use crate::backend::{self, Backend, DbSize, LeaseRow, ReadTxn, Revisions, Scan, WriteTxn};
 use compare::{fetch_limit, finish_range};
 use txn::TxnExec;
 use types::{
-    DeleteRequest, DeleteResponse, KeyValue, Op, OpResponse, PutRequest, PutResponse, RangeRequest,
-    RangeResponse, Revisioned, TxnRequest, TxnResponse,
+    DeleteRequest, DeleteResponse, KeyValue, LeaseOp, LeaseOutcome, Op, OpResponse, PutRequest,
+    PutResponse, RangeRequest, RangeResponse, Revisioned, TxnRequest, TxnResponse,
 };
 
 /// Most write requests one database transaction holds.
@@ -59,6 +59,10 @@ pub enum Error {
     /// A Put with `ignore_value` or `ignore_lease` on a key that does not exist.
     #[error("key not found")]
     KeyNotFound,
+    #[error("requested lease not found")]
+    LeaseNotFound,
+    #[error("lease already exists")]
+    LeaseExists,
     #[error(transparent)]
     Backend(Arc<backend::Error>),
     #[error("the store is shutting down")]
@@ -129,6 +133,10 @@ enum WriteJob {
     Compact {
         revision: i64,
         reply: oneshot::Sender<Result<i64>>,
+    },
+    Lease {
+        op: LeaseOp,
+        reply: oneshot::Sender<Result<Revisioned<LeaseOutcome>>>,
     },
 }
 
@@ -325,6 +333,66 @@ impl Store {
         Ok(current)
     }
 
+    /// Applies a change to the lease table (and, for revocation and expiry, deletes the
+    /// attached keys); the revision is the one the deletions took, or the current one.
+    ///
+    /// # Errors
+    /// `LeaseExists` on a grant with a taken id, `LeaseNotFound` on revoking an unknown lease,
+    /// or the backend fails.
+    pub async fn lease(&self, op: LeaseOp) -> Result<Revisioned<LeaseOutcome>> {
+        let (reply, answer) = oneshot::channel();
+        self.submit(WriteJob::Lease { op, reply }).await?;
+        answer.await.map_err(|_| Error::ShuttingDown)?
+    }
+
+    /// A lease and, if asked, the keys attached to it now.
+    ///
+    /// # Errors
+    /// The backend is unreachable.
+    pub async fn read_lease(
+        &self,
+        id: i64,
+        with_keys: bool,
+    ) -> Result<Revisioned<Option<(LeaseRow, Vec<Vec<u8>>)>>> {
+        let mut tx = self.inner.backend.read().await?;
+        let revision = tx.revisions().await?.current;
+        let Some(lease) = tx.lease(id).await? else {
+            return Ok(Revisioned {
+                revision,
+                value: None,
+            });
+        };
+        let keys = if with_keys {
+            let rows = tx.lease_keys(id, revision).await?;
+            rows.into_iter().map(|row| row.key).collect()
+        } else {
+            Vec::new()
+        };
+        Ok(Revisioned {
+            revision,
+            value: Some((lease, keys)),
+        })
+    }
+
+    /// Every lease, by id.
+    ///
+    /// # Errors
+    /// The backend is unreachable.
+    pub async fn leases(&self) -> Result<Revisioned<Vec<LeaseRow>>> {
+        let mut tx = self.inner.backend.read().await?;
+        let revision = tx.revisions().await?.current;
+        let value = tx.leases().await?;
+        Ok(Revisioned { revision, value })
+    }
+
+    /// The earliest lease deadline (Unix milliseconds), if any lease exists.
+    ///
+    /// # Errors
+    /// The backend is unreachable.
+    pub async fn next_lease_expiry(&self) -> Result<Option<i64>> {
+        Ok(self.inner.backend.read().await?.next_expiry().await?)
+    }
+
     async fn submit(&self, job: WriteJob) -> Result<()> {
         self.inner
             .writes
@@ -377,6 +445,10 @@ enum Outcome {
         Result<Revisioned<TxnResponse>>,
     ),
     Compact(oneshot::Sender<Result<i64>>, Result<i64>),
+    Lease(
+        oneshot::Sender<Result<Revisioned<LeaseOutcome>>>,
+        Result<Revisioned<LeaseOutcome>>,
+    ),
 }
 
 impl Outcome {
@@ -385,20 +457,24 @@ impl Outcome {
         match job {
             WriteJob::Txn { reply, .. } => Outcome::Txn(reply, Err(Error::ShuttingDown)),
             WriteJob::Compact { reply, .. } => Outcome::Compact(reply, Err(Error::ShuttingDown)),
+            WriteJob::Lease { reply, .. } => Outcome::Lease(reply, Err(Error::ShuttingDown)),
         }
     }
 
     /// Sends the job's own answer if its batch committed, else the batch's failure.
     fn send(self, batch: &BatchResult) {
-        let failure = |e: &Arc<backend::Error>| Error::Backend(e.clone());
-        // A caller that gave up waiting is no reason to stop answering the others.
+        fn answer<T>(reply: oneshot::Sender<Result<T>>, answer: Result<T>, batch: &BatchResult) {
+            let answer = match batch {
+                Ok(_) => answer,
+                Err(e) => Err(Error::Backend(e.clone())),
+            };
+            // A caller that gave up waiting is no reason to stop answering the others.
+            let _ = reply.send(answer);
+        }
         match self {
-            Outcome::Txn(reply, answer) => {
-                let _ = reply.send(batch.as_ref().map_err(failure).and(answer));
-            }
-            Outcome::Compact(reply, answer) => {
-                let _ = reply.send(batch.as_ref().map_err(failure).and(answer));
-            }
+            Outcome::Txn(reply, a) => answer(reply, a, batch),
+            Outcome::Compact(reply, a) => answer(reply, a, batch),
+            Outcome::Lease(reply, a) => answer(reply, a, batch),
         }
     }
 }
@@ -480,6 +556,29 @@ async fn apply_batch(
                     };
                     outcomes.push(Outcome::Txn(reply, answer));
                 }
+                WriteJob::Lease { op, reply } => {
+                    tx.savepoint().await?;
+                    let before = current;
+                    let answer = match apply_lease(tx.as_mut(), &op, &mut current, compact).await {
+                        Ok(value) => {
+                            tx.release_savepoint().await?;
+                            Ok(Revisioned {
+                                revision: current,
+                                value,
+                            })
+                        }
+                        Err(Error::Backend(e)) => {
+                            outcomes.push(Outcome::Lease(reply, Err(Error::ShuttingDown)));
+                            return Err(e);
+                        }
+                        Err(e) => {
+                            tx.rollback_to_savepoint().await?;
+                            current = before;
+                            Err(e)
+                        }
+                    };
+                    outcomes.push(Outcome::Lease(reply, answer));
+                }
                 WriteJob::Compact { revision, reply } => {
                     let answer = if revision <= compact {
                         Err(Error::Compacted)
@@ -512,6 +611,54 @@ async fn apply_batch(
         // Jobs the failed batch never reached are answered with the same failure.
         outcomes.extend(pending.map(Outcome::failed));
     })
+}
+
+/// Applies one lease change inside the writer's transaction; moves `current` past every
+/// revision it wrote (an expiry pass may write several).
+async fn apply_lease(
+    tx: &mut dyn WriteTxn,
+    op: &LeaseOp,
+    current: &mut i64,
+    compact: i64,
+) -> Result<LeaseOutcome> {
+    match op {
+        LeaseOp::Grant(lease) => {
+            if tx.insert_lease(lease).await? {
+                Ok(LeaseOutcome::Granted)
+            } else {
+                Err(Error::LeaseExists)
+            }
+        }
+        LeaseOp::KeepAlive { id, now } => match tx.lease(*id).await? {
+            Some(lease) if lease.expires_at > *now => {
+                tx.set_lease_expiry(*id, now + lease.ttl * 1000).await?;
+                Ok(LeaseOutcome::KeptAlive(Some(lease.ttl)))
+            }
+            // Unknown, or run out and about to be revoked: too late to keep alive.
+            _ => Ok(LeaseOutcome::KeptAlive(None)),
+        },
+        LeaseOp::Revoke(id) => {
+            revoke(tx, *id, current, compact).await?;
+            Ok(LeaseOutcome::Revoked)
+        }
+        LeaseOp::Expire { now, limit } => {
+            let due = tx.expired_leases(*now, *limit).await?;
+            for lease in &due {
+                revoke(tx, lease.id, current, compact).await?;
+            }
+            Ok(LeaseOutcome::Expired(due.len()))
+        }
+    }
+}
+
+/// Revokes one lease in its own revision (none if it had no keys).
+async fn revoke(tx: &mut dyn WriteTxn, id: i64, current: &mut i64, compact: i64) -> Result<()> {
+    let mut exec = TxnExec::new(tx, *current, compact);
+    exec.revoke(id).await?;
+    if exec.wrote() {
+        *current += 1;
+    }
+    Ok(())
 }
 
 /// Deletes what compaction made invisible, a chunk of revisions per transaction.

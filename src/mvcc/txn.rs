@@ -157,6 +157,9 @@ impl<'a> TxnExec<'a> {
             (None, Some(kv)) => kv.lease,
             (None, None) => return Err(Error::KeyNotFound),
         };
+        if req.lease.is_some() && lease != 0 && self.tx.lease(lease).await?.is_none() {
+            return Err(Error::LeaseNotFound);
+        }
         let (revision, sub) = self.next_change();
         let row = LogRow {
             revision,
@@ -181,26 +184,47 @@ impl<'a> TxnExec<'a> {
     async fn delete(&mut self, req: &DeleteRequest) -> Result<DeleteResponse> {
         let doomed = self.live(&req.range, None, false).await?;
         for kv in &doomed {
-            let (revision, sub) = self.next_change();
-            let row = LogRow {
-                revision,
-                sub,
-                key: kv.key.clone(),
-                created: false,
-                deleted: true,
-                create_revision: kv.create_revision,
-                prev_revision: kv.mod_revision,
-                version: kv.version,
-                lease: 0,
-                value: Vec::new(),
-                old_value: Some(kv.value.clone()),
-                old_lease: kv.lease,
-            };
-            self.tx.insert(&row).await?;
+            self.tombstone(kv).await?;
         }
         Ok(DeleteResponse {
             deleted: doomed.len() as i64,
             prev_kvs: if req.prev_kv { doomed } else { Vec::new() },
         })
+    }
+
+    /// Writes the deletion of a live key.
+    async fn tombstone(&mut self, kv: &KeyValue) -> Result<()> {
+        let (revision, sub) = self.next_change();
+        let row = LogRow {
+            revision,
+            sub,
+            key: kv.key.clone(),
+            created: false,
+            deleted: true,
+            create_revision: kv.create_revision,
+            prev_revision: kv.mod_revision,
+            version: kv.version,
+            lease: 0,
+            value: Vec::new(),
+            old_value: Some(kv.value.clone()),
+            old_lease: kv.lease,
+        };
+        self.tx.insert(&row).await?;
+        Ok(())
+    }
+
+    /// Deletes lease `id` and every key attached to it.
+    ///
+    /// # Errors
+    /// `LeaseNotFound` if the lease does not exist.
+    pub(crate) async fn revoke(&mut self, id: i64) -> Result<()> {
+        if !self.tx.delete_lease(id).await? {
+            return Err(Error::LeaseNotFound);
+        }
+        let attached = self.tx.lease_keys(id, self.view()).await?;
+        for row in attached {
+            self.tombstone(&KeyValue::from_row(row)).await?;
+        }
+        Ok(())
     }
 }

@@ -3,7 +3,7 @@
 //! The API layer builds these only after checking a request, so the MVCC layer can trust them:
 //! keys are non-empty, ops are within limits, a txn branch writes no key twice.
 
-use crate::backend::{LogRow, RangeEnd};
+use crate::backend::{LeaseRow, LogRow, RangeEnd};
 
 /// A key and its version data, as a client sees it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -224,6 +224,35 @@ pub enum OpResponse {
 pub struct TxnResponse {
     pub succeeded: bool,
     pub responses: Vec<OpResponse>,
+}
+
+/// A change to the lease table, applied by the writer like any other write.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LeaseOp {
+    Grant(LeaseRow),
+    /// Deletes the lease and every key attached to it, in one revision.
+    Revoke(i64),
+    /// Moves the deadline to `now` + the granted TTL, unless the lease has already run out.
+    KeepAlive {
+        id: i64,
+        now: i64,
+    },
+    /// Revokes up to `limit` leases whose deadline is at or before `now`, each in its own
+    /// revision, as etcd does.
+    Expire {
+        now: i64,
+        limit: i64,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LeaseOutcome {
+    Granted,
+    Revoked,
+    /// The granted TTL, or `None` if the lease does not exist (or had run out).
+    KeptAlive(Option<i64>),
+    /// How many leases were revoked.
+    Expired(usize),
 }
 
 /// A result together with the revision its response header reports.
