@@ -103,20 +103,30 @@ async fn expiry_follows_the_clock() {
     assert_eq!(count(&store, "master/").await, 0);
 
     // Thousands of leases due at once are all revoked, one revision each.
-    let mut ids = Vec::new();
-    for _ in 0..300 {
-        let lease = lessor.grant(0, 5).await.unwrap().value;
-        store
-            .put(put(&format!("many/{}", lease.id), lease.id))
-            .await
-            .unwrap();
-        ids.push(lease.id);
+    let leases = 2000;
+    let grants: Vec<_> = (0..leases)
+        .map(|_| {
+            let (lessor, store) = (lessor.clone(), store.clone());
+            tokio::spawn(async move {
+                let lease = lessor.grant(0, 5).await.unwrap().value;
+                store
+                    .put(put(&format!("many/{}", lease.id), lease.id))
+                    .await
+                    .unwrap();
+            })
+        })
+        .collect();
+    for grant in grants {
+        grant.await.unwrap();
     }
     let before = store.revisions().await.unwrap().current;
     clock.advance(Duration::from_secs(5));
-    assert_eq!(lessor.expire_due().await.unwrap(), 300);
+    assert_eq!(lessor.expire_due().await.unwrap(), leases);
     assert_eq!(count(&store, "many/").await, 0);
-    assert_eq!(store.revisions().await.unwrap().current, before + 300);
+    assert_eq!(
+        store.revisions().await.unwrap().current,
+        before + leases as i64
+    );
     assert_eq!(lessor.leases().await.unwrap().value, vec![other.id]);
 
     shutdown.cancel();
@@ -312,6 +322,17 @@ async fn leases_expire_on_time_and_keep_alive_extends_them() {
         .unwrap();
     watch.message().await.unwrap();
     let (mut keeper, mut answers) = c.lease_keep_alive(kept).await.unwrap();
+    // Expiry also happens under write load.
+    let load = {
+        let mut c = c.clone();
+        tokio::spawn(async move {
+            for i in 0..100_000u64 {
+                if c.put(format!("load/{}", i % 100), "x", None).await.is_err() {
+                    return;
+                }
+            }
+        })
+    };
 
     let started = tokio::time::Instant::now();
     let event = loop {
