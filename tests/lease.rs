@@ -354,6 +354,7 @@ async fn leases_expire_on_time_and_keep_alive_extends_them() {
     let still = c.get("e/kept", None).await.unwrap();
     assert_eq!(still.kvs()[0].value(), b"stays");
     assert_eq!(c.lease_time_to_live(short, None).await.unwrap().ttl(), -1);
+    load.abort();
     server.stop().await;
 }
 
