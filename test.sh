@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Runs every etcdsql test: unit and integration tests (real server, real SQLite file, the
 # etcd-client crate), then the etcdctl conformance scenarios against a real etcd and against
-# etcdsql. Installs the Debian packages the tests need when they are missing.
+# etcdsql; then the integration tests and the scenarios again on PostgreSQL, when a server is
+# reachable at $ETCDSQL_TEST_POSTGRES (default postgres://postgres@127.0.0.1:5432, trust auth).
+# Without one the PostgreSQL half is skipped and says so, unless ETCDSQL_REQUIRE_POSTGRES=1,
+# which makes it a failure (CI sets it). Installs the Debian packages the tests need.
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -9,6 +12,7 @@ need=()
 command -v protoc >/dev/null || need+=(protobuf-compiler) # the etcd-client test crate builds its protos
 command -v etcd >/dev/null || need+=(etcd-server)          # the reference server
 command -v etcdctl >/dev/null || need+=(etcd-client)       # drives the conformance scenarios
+command -v psql >/dev/null || need+=(postgresql-client)     # checks and cleans the PostgreSQL server
 if [ ${#need[@]} -gt 0 ]; then
     echo "installing ${need[*]}"
     sudo=""
@@ -17,7 +21,35 @@ if [ ${#need[@]} -gt 0 ]; then
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${need[@]}" >/dev/null
 fi
 
+export ETCDSQL_BIN="$PWD/target/debug/etcdsql"
 cargo build --locked
 cargo test --locked
-ETCDSQL_BIN="$PWD/target/debug/etcdsql" bash conformance/run.sh etcd
-ETCDSQL_BIN="$PWD/target/debug/etcdsql" bash conformance/run.sh etcdsql
+bash conformance/run.sh etcd
+bash conformance/run.sh etcdsql
+
+postgres=${ETCDSQL_TEST_POSTGRES:-postgres://postgres@127.0.0.1:5432}
+# Drops the databases earlier test runs left (test-only names, never anything else).
+drop_test_databases() {
+    psql "$postgres/postgres" -Atqc "SELECT datname FROM pg_database \
+        WHERE datname LIKE 'etcdsql\_test\_%' OR datname LIKE 'etcdsql\_conf\_%'" |
+        while read -r db; do
+            psql "$postgres/postgres" -qc "DROP DATABASE IF EXISTS \"$db\" WITH (FORCE)"
+        done
+}
+if psql "$postgres/postgres" -Atqc 'SELECT 1' >/dev/null 2>&1; then
+    drop_test_databases
+    # tests/pg_outage.rs stops and starts the server with pg_ctlcluster: only a local one.
+    outage=0
+    if command -v pg_ctlcluster >/dev/null && [[ $postgres == *@127.0.0.1:* ]]; then
+        outage=1
+    fi
+    ETCDSQL_TEST_BACKEND=postgres ETCDSQL_TEST_OUTAGE=$outage ETCDSQL_TEST_POSTGRES="$postgres" \
+        cargo test --locked
+    ETCDSQL_POSTGRES="$postgres" bash conformance/run.sh etcdsql
+    drop_test_databases
+elif [ "${ETCDSQL_REQUIRE_POSTGRES:-0}" = 1 ]; then
+    echo "PostgreSQL is required (ETCDSQL_REQUIRE_POSTGRES=1) but $postgres is unreachable" >&2
+    exit 1
+else
+    echo "skipped: the PostgreSQL tests (no server at $postgres; set ETCDSQL_TEST_POSTGRES)"
+fi

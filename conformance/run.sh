@@ -148,10 +148,16 @@ start_server() {
         SERVER_PID=$!
     else
         PORT=$(free_ports 1)
+        # With ETCDSQL_POSTGRES (a server URL such as postgres://postgres@127.0.0.1:5432) each
+        # scenario gets a fresh PostgreSQL database, which etcdsql creates.
+        local endpoint="sqlite://$dir/state.db"
+        if [ -n "${ETCDSQL_POSTGRES:-}" ]; then
+            endpoint="$ETCDSQL_POSTGRES/etcdsql_conf_$$_$(basename "$dir")"
+        fi
         "$ETCDSQL_BIN" \
             --listen-client-urls "http://127.0.0.1:$PORT" \
             --advertise-client-urls "http://127.0.0.1:$PORT" \
-            --endpoint "sqlite://$dir/state.db" \
+            --endpoint "$endpoint" \
             ${SERVER_FLAGS[@]+"${SERVER_FLAGS[@]}"} \
             >"$dir/server.log" 2>&1 </dev/null &
         SERVER_PID=$!
@@ -218,7 +224,7 @@ fi
 if [ "$RECORD" = 1 ]; then
     echo "recording expectations from $("$ETCD_BIN" --version | head -n1), $("$ETCDCTL_BIN" version | head -n1)"
 else
-    echo "target: $TARGET"
+    echo "target: $TARGET${ETCDSQL_POSTGRES:+ on PostgreSQL}"
 fi
 
 PASSED=0

@@ -41,9 +41,9 @@
 //!   always pass through, because `h2` rejects the whole connection at that frame.
 //! - Rewritten blocks are larger (no Huffman coding, no indexing) and are split into frames
 //!   of at most 16 384 bytes, the smallest frame size every HTTP/2 peer accepts.
-//! - Only an `:authority` containing `://` is repaired: the scheme and anything from the
-//!   first `/`, `?` or `#` after the host are dropped; a value that becomes empty (e.g.
-//!   `unix:///path`) is removed.
+//! - Only an `:authority` containing `://` or `/` is repaired: the scheme and anything from
+//!   the first `/`, `?` or `#` after the host are dropped; a value that becomes empty (e.g.
+//!   `unix:///path`, or the bare socket path etcdctl 3.4 sends on a Unix socket) is removed.
 //!
 //! The HPACK decoder is written here (RFC 7541, with the Appendix B Huffman code) because
 //! every block on every HTTP/2 connection goes through it: the crates.io decoders were
@@ -251,8 +251,13 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for AuthorityFix<S> {
 
 /// The value `:authority` should have instead of `value`, or `None` if it needs no repair.
 fn repaired_authority(value: &[u8]) -> Option<&[u8]> {
-    let at = value.windows(3).position(|w| w == b"://")?;
-    let rest = &value[at + 3..];
+    let rest = match value.windows(3).position(|w| w == b"://") {
+        Some(at) => &value[at + 3..],
+        // A path cannot be an authority either: etcdctl 3.4 on a Unix socket sends the
+        // socket's path (`/run/etcdsql.sock`).
+        None if value.contains(&b'/') => value,
+        None => return None,
+    };
     let end = rest
         .iter()
         .position(|b| matches!(b, b'/' | b'?' | b'#'))
@@ -1644,6 +1649,8 @@ mod tests {
             Some(&b"etcd:2379"[..])
         );
         assert_eq!(repaired_authority(b"unix:///tmp/etcd.sock"), Some(&b""[..]));
+        assert_eq!(repaired_authority(b"/tmp/etcd.sock"), Some(&b""[..]));
+        assert_eq!(repaired_authority(b"etcd:2379/x"), Some(&b"etcd:2379"[..]));
         assert_eq!(repaired_authority(b"127.0.0.1:2379"), None);
         assert_eq!(repaired_authority(b""), None);
     }

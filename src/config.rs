@@ -1,9 +1,12 @@
 //! The one configuration struct: every flag has an `ETCDSQL_…` environment variable and a
 //! default, and the flag names follow etcd's where etcd has the same setting.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Parser;
+
+use crate::tls::MinVersion;
 
 /// An etcd v3-compatible server that keeps its data in SQL.
 ///
@@ -11,7 +14,8 @@ use clap::Parser;
 #[derive(Parser, Debug, Clone)]
 #[command(name = "etcdsql", version, about, long_about = None)]
 pub struct Config {
-    /// URLs to serve clients on (gRPC and HTTP on the same port), comma-separated.
+    /// URLs to serve clients on (gRPC and HTTP on the same port), comma-separated:
+    /// `http://HOST:PORT`, `https://HOST:PORT` (TLS, see --cert-file), `unix://PATH`, `unixs://PATH`.
     #[arg(
         long,
         env = "ETCDSQL_LISTEN_CLIENT_URLS",
@@ -24,13 +28,29 @@ pub struct Config {
     #[arg(long, env = "ETCDSQL_ADVERTISE_CLIENT_URLS", value_delimiter = ',')]
     pub advertise_client_urls: Vec<String>,
 
-    /// Where the data lives. `sqlite://PATH` (the folder is created if missing).
+    /// Where the data lives: `sqlite://PATH` (the folder is created if missing) or
+    /// `postgres://USER:PASSWORD@HOST:PORT/DB?sslmode=…` (the database is created if missing and
+    /// the user may). PostgreSQL lets several etcdsql processes share one database.
     #[arg(
         long,
         env = "ETCDSQL_ENDPOINT",
+        // The DSN may hold a password: --help must not print the environment's value.
+        hide_env_values = true,
         default_value = "sqlite://./db/state.db"
     )]
     pub endpoint: String,
+
+    /// Most connections to a database server (PostgreSQL) per etcdsql process.
+    #[arg(long, env = "ETCDSQL_DB_MAX_CONNECTIONS", default_value_t = 16)]
+    pub db_max_connections: u32,
+
+    /// How long an unused database connection is kept open, e.g. `5m`.
+    #[arg(long, env = "ETCDSQL_DB_IDLE_TIMEOUT", default_value = "5m", value_parser = parse_duration)]
+    pub db_idle_timeout: Duration,
+
+    /// How long to wait for a database connection before a request fails with `Unavailable`.
+    #[arg(long, env = "ETCDSQL_DB_CONNECT_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
+    pub db_connect_timeout: Duration,
 
     /// Human-readable member name, reported by MemberList.
     #[arg(long, env = "ETCDSQL_NAME", default_value = "default")]
@@ -59,6 +79,50 @@ pub struct Config {
     /// Writes made by this process reach watchers at once.
     #[arg(long, env = "ETCDSQL_WATCH_POLL_INTERVAL", default_value = "1s", value_parser = parse_duration)]
     pub watch_poll_interval: Duration,
+
+    /// Certificate for TLS (PEM, server certificate first, then any intermediates). Used by
+    /// `https://` and `unixs://` listen URLs.
+    #[arg(long, env = "ETCDSQL_CERT_FILE", value_name = "PATH")]
+    pub cert_file: Option<PathBuf>,
+
+    /// Private key of --cert-file (PEM: PKCS#8, PKCS#1 or SEC1).
+    #[arg(long, env = "ETCDSQL_KEY_FILE", value_name = "PATH")]
+    pub key_file: Option<PathBuf>,
+
+    /// CA certificates (PEM) that sign client certificates. As in etcd, setting it makes every
+    /// TLS client present a certificate signed by one of them.
+    #[arg(long, env = "ETCDSQL_TRUSTED_CA_FILE", value_name = "PATH")]
+    pub trusted_ca_file: Option<PathBuf>,
+
+    /// Refuse TLS clients without a certificate signed by --trusted-ca-file (which it needs).
+    /// Accepts etcd's `--client-cert-auth=true` form too.
+    #[arg(
+        long,
+        env = "ETCDSQL_CLIENT_CERT_AUTH",
+        value_name = "BOOL",
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        default_value = "false",
+        action = clap::ArgAction::Set,
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
+    pub client_cert_auth: bool,
+
+    /// Lowest TLS version accepted on TLS listeners.
+    #[arg(
+        long,
+        env = "ETCDSQL_TLS_MIN_VERSION",
+        value_enum,
+        default_value = "TLS1.2"
+    )]
+    pub tls_min_version: MinVersion,
+
+    /// Extra URLs that serve only `/metrics` and `/health` (like etcd's), comma-separated, e.g.
+    /// `http://127.0.0.1:2381` so Prometheus needs no client certificate. `https://` uses the
+    /// TLS flags above.
+    #[arg(long, env = "ETCDSQL_LISTEN_METRICS_URLS", value_delimiter = ',')]
+    pub listen_metrics_urls: Vec<String>,
 
     /// Seconds to let in-flight requests and streams finish at shutdown.
     #[arg(long, env = "ETCDSQL_SHUTDOWN_GRACE_SECONDS", default_value_t = 10)]

@@ -2,7 +2,9 @@
 //!
 //! # Layout
 //! A request flows down this list and back:
-//! - [`server`]: listeners, the gRPC services and HTTP routes on one port, shutdown.
+//! - [`server`]: the gRPC services and HTTP routes on each listener, shutdown.
+//! - [`listener`]: listen URLs, TCP and Unix sockets, TLS handshakes; [`tls`] builds the TLS
+//!   configuration (certificates, client-certificate auth) from etcd's flags.
 //! - [`api`]: one module per etcd service. Converts protobuf to validated domain requests,
 //!   calls the store, converts back; maps every error to a `tonic::Status` in one place.
 //! - [`mvcc`]: etcd's semantics on a revision log — revisions, txn compares and ops, range
@@ -13,15 +15,20 @@
 //! - [`pb`]: the generated protobuf types.
 //! - [`compat`]: repairs what old etcd clients send that Rust's HTTP/2 stack would refuse.
 //! - [`config`]: the command line.
+//! - [`metrics`]: Prometheus metrics under etcd's names, a gRPC layer and a backend decorator
+//!   that feed them.
 
 pub mod api;
 pub mod backend;
 pub mod compat;
 pub mod config;
 pub mod lease;
+pub mod listener;
+pub mod metrics;
 pub mod mvcc;
 pub mod pb;
 pub mod server;
+pub mod tls;
 pub mod watch;
 
 pub use config::Config;

@@ -1,21 +1,26 @@
-//! Listeners, the gRPC services and HTTP routes on one port, and the one shutdown path.
+//! The gRPC services and HTTP routes served on every listener, and the one shutdown path.
+//!
+//! Each client listener ([`crate::listener`]) yields finished connections — TCP or a Unix
+//! socket, TLS already negotiated — and each is wrapped in [`AuthorityFix`] *after* TLS, since
+//! the repair has to read the decrypted HTTP/2 frames. gRPC and HTTP (`/version`, `/health`,
+//! `/metrics`) share every port; `--listen-metrics-urls` ports serve only `/metrics` and
+//! `/health`. A gRPC metrics layer wraps every service ([`crate::metrics`]).
 //!
 //! Shutdown order: stop accepting and let in-flight requests finish (bounded by the grace
 //! period, since watch streams never finish on their own), then stop the store's writer after
 //! its current batch, then close the database. A write is acknowledged only after its batch
 //! committed, so cutting streams at the deadline loses nothing that was acknowledged.
 
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 use tokio_stream::StreamExt;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tonic::service::Routes;
-use tonic::transport::server::TcpIncoming;
 
 use crate::api::cluster::ClusterService;
 use crate::api::kv::KvService;
@@ -27,8 +32,11 @@ use crate::backend;
 use crate::compat::AuthorityFix;
 use crate::config::Config;
 use crate::lease::{Lessor, SystemClock};
+use crate::listener::{self, Listener};
+use crate::metrics::{self, Metrics};
 use crate::mvcc::{self, Store};
 use crate::pb::etcdserverpb as pb;
+use crate::tls;
 use crate::watch::Hub;
 
 /// gRPC allows this much beyond `--max-request-bytes`, so an oversized request reaches the
@@ -38,13 +46,10 @@ const GRPC_OVERHEAD_BYTES: usize = 512 * 1024;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("invalid listen URL {0:?}: expected http://HOST:PORT")]
-    ListenUrl(String),
-    #[error("cannot listen on {addr}: {source}")]
-    Bind {
-        addr: String,
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Listen(#[from] listener::Error),
+    #[error(transparent)]
+    Tls(#[from] tls::Error),
     #[error(transparent)]
     Backend(#[from] backend::Error),
     #[error(transparent)]
@@ -55,8 +60,12 @@ pub enum Error {
 
 /// A started server.
 pub struct Running {
-    /// The addresses actually bound (port 0 resolved).
+    /// The TCP addresses of the client listeners (port 0 resolved), in flag order.
     pub local_addrs: Vec<SocketAddr>,
+    /// Every client listener's URL as bound (`https://127.0.0.1:41234`, `unix:///run/x.sock`).
+    pub client_urls: Vec<String>,
+    /// The `--listen-metrics-urls` listeners' URLs as bound.
+    pub metrics_urls: Vec<String>,
     done: tokio::task::JoinHandle<Result<(), Error>>,
 }
 
@@ -70,47 +79,42 @@ impl Running {
     }
 }
 
-fn listen_addr(url: &str) -> Result<String, Error> {
-    let rest = url
-        .strip_prefix("http://")
-        .ok_or_else(|| Error::ListenUrl(url.to_owned()))?;
-    let host_port = rest.trim_end_matches('/');
-    if host_port.is_empty() || host_port.contains('/') {
-        return Err(Error::ListenUrl(url.to_owned()));
-    }
-    Ok(host_port.to_owned())
-}
-
 /// Opens the database, binds the listeners and starts serving until `shutdown` fires.
 ///
 /// # Errors
 /// A bad listen URL, a port that cannot be bound, or a database that cannot be opened.
 pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Running, Error> {
+    let tls_settings = tls::Settings::from_config(&config);
+    let tls_config = tls_settings.server_config()?;
     let mut listeners = Vec::new();
     for url in &config.listen_client_urls {
-        let addr = listen_addr(url)?;
-        let listener = TcpListener::bind(&addr)
-            .await
-            .map_err(|source| Error::Bind {
-                addr: addr.clone(),
-                source,
-            })?;
-        listeners.push(listener);
+        listeners.push(Listener::bind(url, tls_config.as_ref()).await?);
     }
-    let local_addrs = listeners
+    let mut metrics_listeners = Vec::new();
+    for url in &config.listen_metrics_urls {
+        metrics_listeners.push(Listener::bind(url, tls_config.as_ref()).await?);
+    }
+    warn_if_exposed(&listeners, &tls_settings);
+    let local_addrs: Vec<SocketAddr> = listeners.iter().filter_map(Listener::local_addr).collect();
+    let client_urls: Vec<String> = listeners.iter().map(|l| l.url().to_owned()).collect();
+    let metrics_urls: Vec<String> = metrics_listeners
         .iter()
-        .map(TcpListener::local_addr)
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|source| Error::Bind {
-            addr: config.listen_client_urls.join(","),
-            source,
-        })?;
+        .map(|l| l.url().to_owned())
+        .collect();
+    let metrics = Metrics::new(&config.emulated_etcd_version);
 
-    let backend = backend::open(&config.endpoint).await?;
+    let pool = backend::PoolOptions {
+        max_connections: config.db_max_connections,
+        idle_timeout: config.db_idle_timeout,
+        connect_timeout: config.db_connect_timeout,
+    };
+    // Every database call is timed; the decorator forwards everything else unchanged.
+    let backend = metrics::instrument(backend::open(&config.endpoint, &pool).await?, &metrics);
     let tasks = TaskTracker::new();
     // The store outlives the listeners: in-flight requests need it while they drain.
     let store_shutdown = CancellationToken::new();
     let store = Store::start(backend.clone(), &tasks, store_shutdown.clone()).await?;
+    store.observe_commits(metrics.commit_observer());
     let hub = Hub::start(
         &store,
         config.watch_poll_interval,
@@ -120,8 +124,8 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Runnin
     .await?;
     let cluster_id = backend.cluster_id().await?;
 
-    let client_urls = if config.advertise_client_urls.is_empty() {
-        local_addrs.iter().map(|a| format!("http://{a}")).collect()
+    let advertised = if config.advertise_client_urls.is_empty() {
+        client_urls.clone()
     } else {
         config.advertise_client_urls.clone()
     };
@@ -129,7 +133,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Runnin
         cluster_id,
         member_id: api::member_id(cluster_id, &config.name),
         name: config.name.clone(),
-        client_urls,
+        client_urls: advertised,
         version: config.emulated_etcd_version.clone(),
         max_request_bytes: config.max_request_bytes,
         max_txn_ops: config.max_txn_ops,
@@ -137,39 +141,52 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Runnin
 
     let (health, health_service) = tonic_health::server::health_reporter();
     tasks.spawn(report_health(health, store.clone(), shutdown.clone()));
-    let lessor = Lessor::new(store.clone(), Arc::new(SystemClock));
+    let lessor = Lessor::new(store.clone(), Arc::new(SystemClock))
+        .observe_expiries(metrics.expiry_observer());
     lessor.start_expiry(&tasks, store_shutdown.clone());
-    let lease = LeaseService::new(lessor, info.clone());
+    let lease = LeaseService::new(lessor, info.clone(), metrics.clone());
     let watch = WatchService::new(
         hub,
         store.clone(),
         info.clone(),
         config.watch_progress_notify_interval,
         shutdown.clone(),
+        metrics.clone(),
     );
-    let routes = build_routes(&store, watch, lease, &info, config.max_request_bytes)
-        .add_service(health_service);
+    let routes = build_routes(
+        &store,
+        watch,
+        lease,
+        &info,
+        config.max_request_bytes,
+        &metrics,
+    )
+    .add_service(health_service);
+    let metrics_routes = Routes::from(api::http::metrics_routes(
+        store.clone(),
+        info.clone(),
+        metrics.clone(),
+    ));
 
     let mut servers = JoinSet::new();
     for listener in listeners {
-        // etcdctl 3.4 sends URL-valued `:authority` headers that h2 would reject.
-        let incoming = TcpIncoming::from(listener)
-            .with_nodelay(Some(true))
-            .map(|conn| conn.map(AuthorityFix::new));
-        let serve = tonic::transport::Server::builder()
-            .accept_http1(true)
-            // Answer clients' keepalive pings and detect dead peers; kube-apiserver holds
-            // hundreds of long-lived connections.
-            .http2_keepalive_interval(Some(Duration::from_secs(30)))
-            .http2_keepalive_timeout(Some(Duration::from_secs(10)))
-            .max_concurrent_streams(None)
-            .add_routes(routes.clone())
-            .serve_with_incoming_shutdown(incoming, shutdown.clone().cancelled_owned());
-        servers.spawn(serve);
+        servers.spawn(serve(listener, routes.clone(), &metrics, &tasks, &shutdown));
+    }
+    for listener in metrics_listeners {
+        servers.spawn(serve(
+            listener,
+            metrics_routes.clone(),
+            &metrics,
+            &tasks,
+            &shutdown,
+        ));
     }
     tracing::info!(
-        addrs = ?local_addrs,
-        endpoint = %redact(&config.endpoint),
+        urls = ?client_urls,
+        metrics_urls = ?metrics_urls,
+        tls = tls_config.is_some(),
+        client_cert_auth = tls_config.is_some() && tls_settings.requires_client_certs(),
+        endpoint = %backend::redact(&config.endpoint),
         version = %info.version,
         "etcdsql serving"
     );
@@ -184,7 +201,87 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Runnin
         tracing::info!("etcdsql stopped");
         served
     });
-    Ok(Running { local_addrs, done })
+    Ok(Running {
+        local_addrs,
+        client_urls,
+        metrics_urls,
+        done,
+    })
+}
+
+/// Serves `routes` on one listener until `shutdown` fires.
+fn serve(
+    listener: Listener,
+    routes: Routes,
+    metrics: &Metrics,
+    tasks: &TaskTracker,
+    shutdown: &CancellationToken,
+) -> impl Future<Output = Result<(), tonic::transport::Error>> + Send + 'static {
+    // TLS is already done when a connection comes out of the listener; the authority repair
+    // (etcdctl 3.4 sends URL-valued `:authority` headers that h2 would reject) reads the
+    // decrypted HTTP/2 frames.
+    let incoming = listener
+        .accept(tasks, shutdown.clone())
+        .map(|conn| conn.map(AuthorityFix::new));
+    tonic::transport::Server::builder()
+        .accept_http1(true)
+        // Answer clients' keepalive pings and detect dead peers; kube-apiserver holds
+        // hundreds of long-lived connections.
+        .http2_keepalive_interval(Some(Duration::from_secs(30)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(10)))
+        .max_concurrent_streams(None)
+        .layer(metrics.grpc_layer())
+        .add_routes(routes)
+        .serve_with_incoming_shutdown(incoming, shutdown.clone().cancelled_owned())
+}
+
+/// Warns, loudly, about client listeners that anyone on the network could use: etcd's API has
+/// no other access control here, so whoever connects can read and write every key.
+fn warn_if_exposed(listeners: &[Listener], tls: &tls::Settings) {
+    if tls.enabled() && !listeners.iter().any(Listener::is_tls) {
+        tracing::warn!(
+            "--cert-file/--key-file are set but no listen URL is https:// or unixs://: clients are served WITHOUT TLS"
+        );
+    }
+    for listener in listeners {
+        let Some(addr) = listener.local_addr() else {
+            continue;
+        };
+        match exposure(addr, listener.is_tls(), tls.requires_client_certs()) {
+            Some(Exposure::Plain) => tracing::warn!(
+                listener = listener.url(),
+                "!!! SERVING PLAIN HTTP ON A NON-LOOPBACK ADDRESS: anyone who can reach {addr} can read and write every key. \
+                 Use an https:// URL with --cert-file, --key-file and --trusted-ca-file."
+            ),
+            Some(Exposure::AnyClient) => tracing::warn!(
+                listener = listener.url(),
+                "TLS without client certificates on a non-loopback address: any client that can reach {addr} can read and write every key. \
+                 Set --trusted-ca-file (and --client-cert-auth)."
+            ),
+            None => {}
+        }
+    }
+}
+
+/// How a TCP listener lets strangers in; Unix sockets are guarded by file permissions instead.
+#[derive(Debug, PartialEq, Eq)]
+enum Exposure {
+    /// Plain HTTP/2 on an address other hosts can reach.
+    Plain,
+    /// TLS, but any client that trusts the server certificate gets in.
+    AnyClient,
+}
+
+fn exposure(addr: SocketAddr, tls: bool, client_certs: bool) -> Option<Exposure> {
+    if addr.ip().is_loopback() {
+        None
+    } else if !tls {
+        Some(Exposure::Plain)
+    } else if !client_certs {
+        Some(Exposure::AnyClient)
+    } else {
+        None
+    }
 }
 
 fn build_routes(
@@ -193,12 +290,14 @@ fn build_routes(
     lease: LeaseService,
     info: &ServerInfo,
     max_request_bytes: usize,
+    metrics: &Metrics,
 ) -> Routes {
     let max_decoding = max_request_bytes + GRPC_OVERHEAD_BYTES;
     // Responses are not limited: a page of 10,000 keys is large.
-    let kv = pb::kv_server::KvServer::new(KvService::new(store.clone(), info.clone()))
-        .max_decoding_message_size(max_decoding)
-        .max_encoding_message_size(usize::MAX);
+    let kv =
+        pb::kv_server::KvServer::new(KvService::new(store.clone(), info.clone(), metrics.clone()))
+            .max_decoding_message_size(max_decoding)
+            .max_encoding_message_size(usize::MAX);
     let watch = pb::watch_server::WatchServer::new(watch)
         .max_decoding_message_size(max_decoding)
         .max_encoding_message_size(usize::MAX);
@@ -216,7 +315,11 @@ fn build_routes(
         .add_service(maintenance)
         .add_service(cluster);
     let router = routes.axum_router_mut();
-    *router = std::mem::take(router).merge(api::http::routes(store.clone(), info.clone()));
+    *router = std::mem::take(router).merge(api::http::routes(
+        store.clone(),
+        info.clone(),
+        metrics.clone(),
+    ));
     routes
 }
 
@@ -288,46 +391,27 @@ async fn report_health(
     }
 }
 
-/// The endpoint with any password replaced, for logs.
-pub fn redact(endpoint: &str) -> String {
-    match (endpoint.find("://"), endpoint.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            let userinfo = &endpoint[scheme + 3..at];
-            match userinfo.find(':') {
-                Some(colon) => format!(
-                    "{}{}:***{}",
-                    &endpoint[..scheme + 3],
-                    &userinfo[..colon],
-                    &endpoint[at..]
-                ),
-                None => endpoint.to_owned(),
-            }
-        }
-        _ => endpoint.to_owned(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn listen_urls() {
+    fn non_loopback_listeners_without_tls_or_client_certificates_are_exposed() {
+        let at = |s: &str| s.parse::<SocketAddr>().unwrap();
+        assert_eq!(exposure(at("127.0.0.1:2379"), false, false), None);
+        assert_eq!(exposure(at("[::1]:2379"), false, false), None);
         assert_eq!(
-            listen_addr("http://127.0.0.1:2379").unwrap(),
-            "127.0.0.1:2379"
+            exposure(at("0.0.0.0:2379"), false, false),
+            Some(Exposure::Plain)
         );
-        assert_eq!(listen_addr("http://[::1]:2379/").unwrap(), "[::1]:2379");
-        assert!(listen_addr("127.0.0.1:2379").is_err());
-        assert!(listen_addr("http://").is_err());
-    }
-
-    #[test]
-    fn passwords_are_redacted() {
         assert_eq!(
-            redact("postgres://user:secret@host/db"),
-            "postgres://user:***@host/db"
+            exposure(at("10.0.0.10:2379"), false, true),
+            Some(Exposure::Plain)
         );
-        assert_eq!(redact("sqlite://./db/state.db"), "sqlite://./db/state.db");
+        assert_eq!(
+            exposure(at("[::]:2379"), true, false),
+            Some(Exposure::AnyClient)
+        );
+        assert_eq!(exposure(at("10.0.0.10:2379"), true, true), None);
     }
 }

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{TestServer, fields, status};
+use common::{TestServer, fields, log_rows, status, test_endpoint};
 use etcd_client::{
     Compare, CompareOp, DeleteOptions, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
     TxnOpResponse,
@@ -791,17 +791,8 @@ async fn compaction_hides_old_revisions_and_keeps_what_is_readable() {
     assert_eq!(fields(now.kvs()), before[2]);
     server.stop().await;
 
-    // Superseded rows really are gone from the file: only the three live keys remain.
-    let pool = sqlx::SqlitePool::connect(&format!(
-        "sqlite://{}",
-        dir.path().join("state.db").display()
-    ))
-    .await
-    .unwrap();
-    let rows: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM kv_log")
-        .fetch_one(&pool)
-        .await
-        .unwrap();
+    // Superseded rows really are gone from the database: only the live keys' rows remain.
+    let rows = log_rows(&test_endpoint(dir.path())).await;
     assert_eq!(rows, 2, "a@7 and c@6 remain");
 }
 

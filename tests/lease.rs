@@ -6,7 +6,7 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{TestServer, status};
+use common::{TestServer, status, test_endpoint};
 use etcd_client::{EventType, GetOptions, LeaseGrantOptions, LeaseTimeToLiveOptions, PutOptions};
 use etcdsql::backend;
 use etcdsql::lease::{Lessor, ManualClock};
@@ -41,12 +41,9 @@ async fn count(store: &Store, prefix: &str) -> i64 {
 #[tokio::test]
 async fn expiry_follows_the_clock() {
     let dir = tempfile::tempdir().unwrap();
-    let backend = backend::open(&format!(
-        "sqlite://{}",
-        dir.path().join("state.db").display()
-    ))
-    .await
-    .unwrap();
+    let backend = backend::open(&test_endpoint(dir.path()), &Default::default())
+        .await
+        .unwrap();
     let tasks = TaskTracker::new();
     let shutdown = CancellationToken::new();
     let store = Store::start(backend.clone(), &tasks, shutdown.clone())

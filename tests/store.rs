@@ -1,8 +1,11 @@
 //! The MVCC store through its library API, on a real SQLite file: properties that are about how
 //! writes are committed rather than what a client sees.
 
+mod common;
+
 use std::sync::Arc;
 
+use common::test_endpoint;
 use etcdsql::backend;
 use etcdsql::mvcc::Store;
 use etcdsql::mvcc::types::{KeyRange, PutRequest, RangeRequest};
@@ -17,7 +20,7 @@ async fn open(
     TaskTracker,
     Arc<dyn backend::Backend>,
 ) {
-    let backend = backend::open(&format!("sqlite://{}", dir.join("state.db").display()))
+    let backend = backend::open(&test_endpoint(dir), &Default::default())
         .await
         .unwrap();
     let tasks = TaskTracker::new();

@@ -510,6 +510,10 @@ async fn large_revisions_are_fragmented_on_request() {
     let dir = tempfile::tempdir().unwrap();
     let server = TestServer::start_with(dir.path(), |c| c.max_request_bytes = 4096).await;
     let mut c = server.client().await;
+    for i in 0..6 {
+        put(&mut c, &format!("big/{i}"), &"v".repeat(1500)).await;
+    }
+    // Both watchers start after the puts, so the only revision they see is the delete below.
     let mut fragmented = c
         .watch(
             "big/",
@@ -531,24 +535,13 @@ async fn large_revisions_are_fragmented_on_request() {
         .await
         .unwrap();
     next(&mut whole).await;
-    for i in 0..6 {
-        put(&mut c, &format!("big/{i}"), &"v".repeat(1500)).await;
-    }
     // One revision deleting all six keys: with prev_kv, about 9 KiB of events.
     c.delete(
         "big/",
-        Some(
-            etcd_client::DeleteOptions::new()
-                .with_prefix()
-                .with_prev_key(),
-        ),
+        Some(etcd_client::DeleteOptions::new().with_prefix()),
     )
     .await
     .unwrap();
-    let mut puts = 0;
-    while puts < 6 {
-        puts += next(&mut fragmented).await.events().len();
-    }
     let mut parts = Vec::new();
     loop {
         let r = next(&mut fragmented).await;
@@ -560,10 +553,6 @@ async fn large_revisions_are_fragmented_on_request() {
     assert!(parts.len() > 1, "the deletes came in fragments: {parts:?}");
     assert_eq!(parts.iter().map(|p| p.1).sum::<usize>(), 6);
 
-    let mut puts = 0;
-    while puts < 6 {
-        puts += next(&mut whole).await.events().len();
-    }
     let all = next(&mut whole).await;
     assert_eq!((all.events().len(), all.0.fragment), (6, false));
     server.stop().await;

@@ -13,7 +13,7 @@ mod common;
 use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 
-use common::{TestServer, current_revision};
+use common::{TestServer, current_revision, on_postgres};
 use etcd_client::{Client, EventType, Txn, TxnOp, WatchOptions, WatchResponse, WatchStream};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -289,8 +289,17 @@ async fn writer(mut c: Client, seed: u64) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_watcher_sees_exactly_the_log() {
     let dir = tempfile::tempdir().unwrap();
-    let server = TestServer::start(dir.path()).await;
-    let mut c = server.client().await;
+    // On PostgreSQL, three etcdsql processes share the database: writers and watch streams are
+    // spread over all of them, and each watcher must still see exactly the one log.
+    let instances = if on_postgres() { 3 } else { 1 };
+    let mut servers = Vec::new();
+    let mut clients = Vec::new();
+    for _ in 0..instances {
+        let server = TestServer::start(dir.path()).await;
+        clients.push(server.client().await);
+        servers.push(server);
+    }
+    let mut c = clients[0].clone();
     let mut rng = StdRng::seed_from_u64(0x5eed);
     for i in 0..100 {
         c.put(key(i % KEYS), format!("init-{i}"), None)
@@ -317,7 +326,7 @@ async fn every_watcher_sees_exactly_the_log() {
             })
             .collect();
         streams.push(tokio::spawn(run_stream(
-            c.clone(),
+            clients[s % instances].clone(),
             watchers,
             s % 2 == 0,
             s as u64,
@@ -332,7 +341,7 @@ async fn every_watcher_sees_exactly_the_log() {
         })
     };
     let writers: Vec<_> = (0..WRITERS)
-        .map(|w| tokio::spawn(writer(c.clone(), 100 + w as u64)))
+        .map(|w| tokio::spawn(writer(clients[w % instances].clone(), 100 + w as u64)))
         .collect();
     for w in writers {
         w.await.unwrap();
@@ -395,5 +404,7 @@ async fn every_watcher_sees_exactly_the_log() {
         }
     }
     assert_eq!(checked, STREAMS * WATCHERS_PER_STREAM);
-    server.stop().await;
+    for server in servers {
+        server.stop().await;
+    }
 }

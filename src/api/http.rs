@@ -1,27 +1,56 @@
-//! Plain HTTP endpoints served on the gRPC port, as etcd serves them: `/version` (kubeadm's
-//! external-etcd preflight reads it) and `/health`.
+//! HTTP endpoints served on the gRPC port (HTTPS when the port has TLS), as etcd serves them:
+//! `/version` (kubeadm's external-etcd preflight reads it), `/health` and `/metrics`
+//! (Prometheus). `--listen-metrics-urls` listeners serve only `/metrics` and `/health`.
 
 use axum::Router;
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Json};
 use axum::routing::get;
 use serde_json::json;
 
 use super::ServerInfo;
+use crate::metrics::{self, Metrics};
 use crate::mvcc::Store;
 
 #[derive(Clone)]
 struct HttpState {
     store: Store,
     info: ServerInfo,
+    metrics: Metrics,
 }
 
-pub fn routes(store: Store, info: ServerInfo) -> Router {
+/// The routes of a client port.
+pub fn routes(store: Store, info: ServerInfo, metrics: Metrics) -> Router {
     Router::new()
         .route("/version", get(version))
         .route("/health", get(health))
-        .with_state(HttpState { store, info })
+        .route("/metrics", get(prometheus))
+        .with_state(HttpState {
+            store,
+            info,
+            metrics,
+        })
+}
+
+/// The routes of a `--listen-metrics-urls` port.
+pub fn metrics_routes(store: Store, info: ServerInfo, metrics: Metrics) -> Router {
+    Router::new()
+        .route("/health", get(health))
+        .route("/metrics", get(prometheus))
+        .with_state(HttpState {
+            store,
+            info,
+            metrics,
+        })
+}
+
+async fn prometheus(State(state): State<HttpState>) -> impl IntoResponse {
+    state.metrics.refresh(&state.store).await;
+    (
+        [(header::CONTENT_TYPE, metrics::CONTENT_TYPE)],
+        state.metrics.encode(),
+    )
 }
 
 async fn version(State(state): State<HttpState>) -> impl IntoResponse {

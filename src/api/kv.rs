@@ -9,6 +9,7 @@ use tonic::{Request, Response, Status};
 
 use super::ServerInfo;
 use super::status::RequestError;
+use crate::metrics::{Metrics, OpCounts};
 use crate::mvcc::Store;
 use crate::mvcc::types::{
     Compare, CompareResult, CompareTarget, DeleteRequest, DeleteResponse, KeyRange, KeyValue, Op,
@@ -21,11 +22,16 @@ use crate::pb::mvccpb;
 pub struct KvService {
     store: Store,
     info: ServerInfo,
+    metrics: Metrics,
 }
 
 impl KvService {
-    pub fn new(store: Store, info: ServerInfo) -> Self {
-        Self { store, info }
+    pub fn new(store: Store, info: ServerInfo, metrics: Metrics) -> Self {
+        Self {
+            store,
+            info,
+            metrics,
+        }
     }
 }
 
@@ -39,6 +45,10 @@ impl pb::kv_server::Kv for KvService {
         self.info.check_size(&req)?;
         let range = convert_range(req)?;
         let out = self.store.range(&range).await?;
+        self.metrics.record_ops(OpCounts {
+            ranges: 1,
+            ..OpCounts::default()
+        });
         Ok(Response::new(range_to_pb(
             out.value,
             self.info.header(out.revision),
@@ -53,6 +63,10 @@ impl pb::kv_server::Kv for KvService {
         self.info.check_size(&req)?;
         let put = convert_put(req)?;
         let out = self.store.put(put).await?;
+        self.metrics.record_ops(OpCounts {
+            puts: 1,
+            ..OpCounts::default()
+        });
         Ok(Response::new(put_to_pb(
             out.value,
             self.info.header(out.revision),
@@ -67,6 +81,10 @@ impl pb::kv_server::Kv for KvService {
         self.info.check_size(&req)?;
         let delete = convert_delete(req)?;
         let out = self.store.delete(delete).await?;
+        self.metrics.record_ops(OpCounts {
+            deletes: 1,
+            ..OpCounts::default()
+        });
         Ok(Response::new(delete_to_pb(
             out.value,
             self.info.header(out.revision),
@@ -81,6 +99,7 @@ impl pb::kv_server::Kv for KvService {
         self.info.check_size(&req)?;
         let txn = convert_txn(req, self.info.max_txn_ops)?;
         let out = self.store.txn(txn).await?;
+        self.metrics.record_ops(OpCounts::of_txn(&out.value));
         Ok(Response::new(txn_to_pb(
             out.value,
             out.revision,

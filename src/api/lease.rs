@@ -7,6 +7,7 @@ use tonic::{Request, Response, Status, Streaming};
 use super::ServerInfo;
 use super::status::RequestError;
 use crate::lease::{Lessor, MAX_TTL};
+use crate::metrics::Metrics;
 use crate::pb::etcdserverpb as pb;
 
 /// Keep-alive answers a stream may have waiting for the client.
@@ -15,11 +16,16 @@ const KEEPALIVE_QUEUE: usize = 16;
 pub struct LeaseService {
     lessor: Lessor,
     info: ServerInfo,
+    metrics: Metrics,
 }
 
 impl LeaseService {
-    pub fn new(lessor: Lessor, info: ServerInfo) -> Self {
-        Self { lessor, info }
+    pub fn new(lessor: Lessor, info: ServerInfo, metrics: Metrics) -> Self {
+        Self {
+            lessor,
+            info,
+            metrics,
+        }
     }
 }
 
@@ -34,6 +40,7 @@ impl pb::lease_server::Lease for LeaseService {
             return Err(RequestError::LeaseTtlTooLarge.into());
         }
         let out = self.lessor.grant(req.id, req.ttl).await?;
+        self.metrics.lease_granted();
         Ok(Response::new(pb::LeaseGrantResponse {
             header: self.info.header(out.revision),
             id: out.value.id,
@@ -47,6 +54,7 @@ impl pb::lease_server::Lease for LeaseService {
         request: Request<pb::LeaseRevokeRequest>,
     ) -> Result<Response<pb::LeaseRevokeResponse>, Status> {
         let revision = self.lessor.revoke(request.into_inner().id).await?;
+        self.metrics.lease_revoked();
         Ok(Response::new(pb::LeaseRevokeResponse {
             header: self.info.header(revision),
         }))
@@ -62,16 +70,22 @@ impl pb::lease_server::Lease for LeaseService {
         let (out, responses) = mpsc::channel(KEEPALIVE_QUEUE);
         let lessor = self.lessor.clone();
         let info = self.info.clone();
+        let metrics = self.metrics.clone();
         tokio::spawn(async move {
             // Each request is answered in order; the stream ends when the client closes it.
             while let Ok(Some(req)) = inbound.message().await {
                 let answer = match lessor.keep_alive(req.id).await {
-                    Ok(kept) => Ok(pb::LeaseKeepAliveResponse {
-                        header: info.header(kept.revision),
-                        id: req.id,
-                        // etcd answers an unknown or expired lease with TTL 0.
-                        ttl: kept.value.unwrap_or(0),
-                    }),
+                    Ok(kept) => {
+                        if kept.value.is_some() {
+                            metrics.lease_renewed();
+                        }
+                        Ok(pb::LeaseKeepAliveResponse {
+                            header: info.header(kept.revision),
+                            id: req.id,
+                            // etcd answers an unknown or expired lease with TTL 0.
+                            ttl: kept.value.unwrap_or(0),
+                        })
+                    }
                     Err(e) => Err(Status::from(e)),
                 };
                 let failed = answer.is_err();

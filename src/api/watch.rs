@@ -26,6 +26,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use super::ServerInfo;
 use super::kv::kv_to_pb;
+use crate::metrics::{Metrics, WatchGauges};
 use crate::mvcc::Store;
 use crate::mvcc::types::KeyRange;
 use crate::pb::etcdserverpb as pb;
@@ -45,6 +46,7 @@ pub struct WatchService {
     info: ServerInfo,
     progress_interval: Duration,
     shutdown: CancellationToken,
+    metrics: Metrics,
 }
 
 impl WatchService {
@@ -54,6 +56,7 @@ impl WatchService {
         info: ServerInfo,
         progress_interval: Duration,
         shutdown: CancellationToken,
+        metrics: Metrics,
     ) -> Self {
         Self {
             hub,
@@ -61,6 +64,7 @@ impl WatchService {
             info,
             progress_interval,
             shutdown,
+            metrics,
         }
     }
 }
@@ -85,6 +89,8 @@ impl pb::watch_server::Watch for WatchService {
             next_id: 0,
             progress_target: None,
             progress_pending: 0,
+            gauges: self.metrics.watch_stream(),
+            metrics: self.metrics.clone(),
         };
         tokio::spawn(stream.run(
             inbound,
@@ -161,6 +167,9 @@ struct WatchStream {
     /// The revision pending progress requests must reach, and how many are waiting.
     progress_target: Option<i64>,
     progress_pending: usize,
+    /// This stream's watchers in the watcher gauges; released when the stream ends.
+    gauges: WatchGauges,
+    metrics: Metrics,
 }
 
 impl WatchStream {
@@ -184,7 +193,9 @@ impl WatchStream {
             if self.answer_progress(&batches).await.is_err() {
                 return;
             }
-            let catching_up = self.watchers.values().any(|w| !w.synced);
+            let unsynced = self.watchers.values().filter(|w| !w.synced).count();
+            self.gauges.set(self.watchers.len(), unsynced);
+            let catching_up = unsynced > 0;
             let step = tokio::select! {
                 biased;
                 () = shutdown.cancelled() => Step::Shutdown,
@@ -367,6 +378,10 @@ impl WatchStream {
         events: Vec<mvccpb::Event>,
         revision: i64,
     ) -> Result<(), Closed> {
+        if let Some(oldest) = events.first().and_then(|e| e.kv.as_ref()) {
+            self.metrics
+                .watch_delivered(events.len(), oldest.mod_revision);
+        }
         let mut response = self.response(id, revision);
         response.events = events;
         let limit = self.info.max_request_bytes;

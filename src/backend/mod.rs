@@ -11,6 +11,7 @@
 //!   reads as current is the one it will extend. Nothing it wrote is visible before `commit`.
 //! - Keys compare byte-wise, in every query and index.
 
+pub mod postgres;
 pub mod sqlite;
 
 use async_trait::async_trait;
@@ -88,7 +89,7 @@ pub enum Error {
     Sql(#[from] sqlx::Error),
     #[error("database migration failed: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
-    #[error("unsupported endpoint {0:?}: expected sqlite://PATH")]
+    #[error("unsupported endpoint {0:?}: expected sqlite://PATH or postgres://USER@HOST/DB")]
     UnsupportedEndpoint(String),
     #[error("cannot create the database folder {path}: {source}")]
     CreateDir {
@@ -115,6 +116,11 @@ pub trait Backend: Send + Sync + 'static {
     async fn compact_window(&self, compact: i64, after: i64, through: i64) -> Result<u64>;
     /// The revision up to which physical compaction has finished.
     async fn compacted_through(&self) -> Result<i64>;
+    /// Wake-ups for commits made by other processes sharing the database, if the database can
+    /// push them (PostgreSQL's LISTEN/NOTIFY); `None` means the watch hub must poll.
+    fn commit_notifications(&self) -> Option<tokio::sync::watch::Receiver<i64>> {
+        None
+    }
     async fn close(&self);
 }
 
@@ -160,16 +166,96 @@ pub trait WriteTxn: ReadTxn {
     async fn commit(self: Box<Self>) -> Result<()>;
 }
 
+/// Reads a [`LogRow`] from a row whose columns are in the log table's order.
+fn decode_row<R>(row: &R) -> Result<LogRow>
+where
+    R: sqlx::Row,
+    usize: sqlx::ColumnIndex<R>,
+    i64: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    bool: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    Vec<u8>: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
+    Ok(LogRow {
+        revision: row.try_get(0)?,
+        sub: row.try_get(1)?,
+        key: row.try_get(2)?,
+        created: row.try_get(3)?,
+        deleted: row.try_get(4)?,
+        create_revision: row.try_get(5)?,
+        prev_revision: row.try_get(6)?,
+        version: row.try_get(7)?,
+        lease: row.try_get(8)?,
+        value: row.try_get(9)?,
+        old_value: row.try_get(10)?,
+        old_lease: row.try_get(11)?,
+    })
+}
+
+/// Connection pool settings for backends that have a server (PostgreSQL).
+#[derive(Clone, Debug)]
+pub struct PoolOptions {
+    pub max_connections: u32,
+    pub idle_timeout: std::time::Duration,
+    pub connect_timeout: std::time::Duration,
+}
+
+impl Default for PoolOptions {
+    fn default() -> Self {
+        Self {
+            max_connections: 16,
+            idle_timeout: std::time::Duration::from_secs(300),
+            connect_timeout: std::time::Duration::from_secs(5),
+        }
+    }
+}
+
+/// The endpoint with any password replaced, for logs.
+pub fn redact(endpoint: &str) -> String {
+    match (endpoint.find("://"), endpoint.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let userinfo = &endpoint[scheme + 3..at];
+            match userinfo.find(':') {
+                Some(colon) => format!(
+                    "{}{}:***{}",
+                    &endpoint[..scheme + 3],
+                    &userinfo[..colon],
+                    &endpoint[at..]
+                ),
+                None => endpoint.to_owned(),
+            }
+        }
+        _ => endpoint.to_owned(),
+    }
+}
+
 /// Opens the backend an endpoint URL names.
 ///
 /// # Errors
 /// An unknown scheme, an unreachable database, or a failed migration.
-pub async fn open(endpoint: &str) -> Result<std::sync::Arc<dyn Backend>> {
+pub async fn open(endpoint: &str, pool: &PoolOptions) -> Result<std::sync::Arc<dyn Backend>> {
     if let Some(path) = endpoint.strip_prefix("sqlite://") {
         Ok(std::sync::Arc::new(
             sqlite::SqliteBackend::open(path).await?,
         ))
+    } else if endpoint.starts_with("postgres://") || endpoint.starts_with("postgresql://") {
+        Ok(std::sync::Arc::new(
+            postgres::PostgresBackend::open(endpoint, pool).await?,
+        ))
     } else {
-        Err(Error::UnsupportedEndpoint(endpoint.to_owned()))
+        Err(Error::UnsupportedEndpoint(redact(endpoint)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_are_redacted() {
+        assert_eq!(
+            redact("postgres://user:secret@host/db"),
+            "postgres://user:***@host/db"
+        );
+        assert_eq!(redact("sqlite://./db/state.db"), "sqlite://./db/state.db");
     }
 }

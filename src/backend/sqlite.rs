@@ -16,13 +16,13 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use sqlx::sqlite::{
-    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
-    SqliteSynchronous,
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
-use sqlx::{Row, Sqlite, Transaction};
+use sqlx::{Sqlite, Transaction};
 
 use super::{
     Backend, DbSize, Error, LeaseRow, LogRow, RangeEnd, ReadTxn, Result, Revisions, Scan, WriteTxn,
+    decode_row,
 };
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
@@ -185,7 +185,7 @@ impl Backend for SqliteBackend {
         .execute(&mut *tx)
         .await?
         .rows_affected();
-        sqlx::query("UPDATE meta SET value = ?1 WHERE name = 'compacted_through'")
+        sqlx::query("UPDATE meta SET value = MAX(value, ?1) WHERE name = 'compacted_through'")
             .bind(through)
             .execute(&mut *tx)
             .await?;
@@ -226,23 +226,6 @@ fn end_key(end: &RangeEnd) -> &[u8] {
         RangeEnd::Before(end) => end,
         RangeEnd::Single | RangeEnd::Unbounded => &[],
     }
-}
-
-fn decode_row(row: &SqliteRow) -> Result<LogRow> {
-    Ok(LogRow {
-        revision: row.try_get(0)?,
-        sub: row.try_get(1)?,
-        key: row.try_get(2)?,
-        created: row.try_get(3)?,
-        deleted: row.try_get(4)?,
-        create_revision: row.try_get(5)?,
-        prev_revision: row.try_get(6)?,
-        version: row.try_get(7)?,
-        lease: row.try_get(8)?,
-        value: row.try_get(9)?,
-        old_value: row.try_get(10)?,
-        old_lease: row.try_get(11)?,
-    })
 }
 
 #[async_trait]

@@ -80,15 +80,29 @@ pub struct LeaseStatus {
     pub keys: Vec<Vec<u8>>,
 }
 
+/// Told how many leases each expiry pass revoked (the metrics).
+pub type ExpiryObserver = Arc<dyn Fn(usize) + Send + Sync>;
+
 #[derive(Clone)]
 pub struct Lessor {
     store: Store,
     clock: Arc<dyn Clock>,
+    on_expiry: Option<ExpiryObserver>,
 }
 
 impl Lessor {
     pub fn new(store: Store, clock: Arc<dyn Clock>) -> Self {
-        Self { store, clock }
+        Self {
+            store,
+            clock,
+            on_expiry: None,
+        }
+    }
+
+    /// Reports every lease revoked because its deadline passed to `observer`.
+    pub fn observe_expiries(mut self, observer: ExpiryObserver) -> Self {
+        self.on_expiry = Some(observer);
+        self
     }
 
     /// Starts the expiry loop on `tasks`; it stops when `shutdown` fires.
@@ -207,6 +221,9 @@ impl Lessor {
                 return Ok(total);
             };
             total += n;
+            if let (Some(observe), true) = (&self.on_expiry, n > 0) {
+                observe(n);
+            }
             if (n as i64) < EXPIRE_BATCH {
                 return Ok(total);
             }

@@ -29,8 +29,8 @@ pub mod compare;
 mod txn;
 pub mod types;
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
@@ -162,7 +162,14 @@ struct Inner {
 struct WriteCounters {
     batches: AtomicU64,
     requests: AtomicU64,
+    /// Told about every committed batch; a `OnceLock` so the writer reads it without a lock.
+    observer: OnceLock<CommitObserver>,
 }
+
+/// Called by the writer after each committed batch with the number of requests the batch held
+/// and the current revision after it. It runs on the writer task: it must be quick and must
+/// not block.
+pub type CommitObserver = Box<dyn Fn(usize, i64) + Send + Sync>;
 
 /// How many write requests the writer has committed, in how many database transactions.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -231,6 +238,12 @@ impl Store {
             batches: self.inner.stats.batches.load(Ordering::Relaxed),
             requests: self.inner.stats.requests.load(Ordering::Relaxed),
         }
+    }
+
+    /// Installs the observer of committed batches (the metrics). Returns `false`, and keeps the
+    /// earlier one, if an observer was already installed.
+    pub fn observe_commits(&self, observer: CommitObserver) -> bool {
+        self.inner.stats.observer.set(observer).is_ok()
     }
 
     /// The current and compact revisions.
@@ -429,6 +442,9 @@ async fn run_writer(
             let compact = outcome.compact;
             stats.batches.fetch_add(1, Ordering::Relaxed);
             stats.requests.fetch_add(received as u64, Ordering::Relaxed);
+            if let Some(observe) = stats.observer.get() {
+                observe(received, outcome.current);
+            }
             if let Some(compact) = compact {
                 compact_target.send_replace(compact);
             }

@@ -1,5 +1,7 @@
 //! The watch hub: one tailer per process reads the revision log in order and fans each new
-//! revision out to the watch streams whose watchers cover its keys.
+//! revision out to the watch streams whose watchers cover its keys. The tailer wakes on this
+//! process's commits, on other processes' commits when the backend can push them (PostgreSQL's
+//! LISTEN/NOTIFY), and every poll interval regardless.
 //!
 //! # Invariants
 //! - **Delivered revision.** `delivered` (H) only grows. Every change with a revision ≤ H has
@@ -219,6 +221,7 @@ impl Hub {
         tasks.spawn(run_tailer(
             hub.clone(),
             store.committed(),
+            store.backend().commit_notifications(),
             poll_interval,
             shutdown,
         ));
@@ -423,6 +426,7 @@ impl Drop for Subscription {
 async fn run_tailer(
     hub: Hub,
     mut commits: watch::Receiver<i64>,
+    mut remote_commits: Option<watch::Receiver<i64>>,
     poll_interval: Duration,
     shutdown: CancellationToken,
 ) {
@@ -444,8 +448,19 @@ async fn run_tailer(
                 continue;
             }
         }
+        // Commits by other processes wake the hub too when the database can say so; if that
+        // channel closes, polling carries on alone.
+        let remote = async {
+            let Some(rx) = remote_commits.as_mut() else {
+                return std::future::pending().await;
+            };
+            if rx.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        };
         tokio::select! {
             changed = commits.changed() => if changed.is_err() { return },
+            () = remote => {}
             () = tokio::time::sleep(poll_interval) => {}
             () = shutdown.cancelled() => return,
         }
@@ -538,7 +553,12 @@ mod tests {
     async fn a_full_queue_takes_the_stream_off_the_hub_until_it_catches_up() {
         let dir = tempfile::tempdir().unwrap();
         let endpoint = format!("sqlite://{}", dir.path().join("state.db").display());
-        let hub = Hub::new(crate::backend::open(&endpoint).await.unwrap(), 1);
+        let hub = Hub::new(
+            crate::backend::open(&endpoint, &Default::default())
+                .await
+                .unwrap(),
+            1,
+        );
         let (sub, mut batches) = hub.subscribe();
         let (other, mut other_batches) = hub.subscribe();
         let all = range("k", "\0");

@@ -28,7 +28,7 @@ impl TestServer {
         let mut config = Config::defaults();
         config.listen_client_urls = vec!["http://127.0.0.1:0".into()];
         config.advertise_client_urls = Vec::new();
-        config.endpoint = format!("sqlite://{}", dir.join("state.db").display());
+        config.endpoint = test_endpoint(dir);
         config.shutdown_grace_seconds = 2;
         tweak(&mut config);
         let shutdown = CancellationToken::new();
@@ -99,4 +99,40 @@ pub fn fields(kvs: &[etcd_client::KeyValue]) -> Vec<Fields> {
 pub async fn current_revision(c: &mut Client) -> i64 {
     let read = c.get("any", None).await.expect("a read succeeds");
     read.header().expect("a header").revision()
+}
+
+/// Whether this test run targets PostgreSQL (`ETCDSQL_TEST_BACKEND=postgres`) instead of SQLite.
+pub fn on_postgres() -> bool {
+    std::env::var("ETCDSQL_TEST_BACKEND").as_deref() == Ok("postgres")
+}
+
+/// The database a test uses, the same for the same `dir` (so restarts find their data): a SQLite
+/// file in `dir`, or on PostgreSQL a database named after `dir`, which the server creates.
+/// `ETCDSQL_TEST_POSTGRES` names the server (default `postgres://postgres@127.0.0.1:5432`);
+/// test.sh drops the `etcdsql_test_*` databases before and after a run.
+pub fn test_endpoint(dir: &Path) -> String {
+    if !on_postgres() {
+        return format!("sqlite://{}", dir.join("state.db").display());
+    }
+    let server = std::env::var("ETCDSQL_TEST_POSTGRES")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into());
+    // FNV-1a of the path: stable and short enough for a database name.
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in dir.as_os_str().as_encoded_bytes() {
+        hash ^= u64::from(*byte);
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("{server}/etcdsql_test_{hash:016x}")
+}
+
+/// How many rows the log table holds, read straight from the database.
+pub async fn log_rows(endpoint: &str) -> i64 {
+    let sql = "SELECT COUNT(*) FROM kv_log";
+    if on_postgres() {
+        let pool = sqlx::PgPool::connect(endpoint).await.unwrap();
+        sqlx::query_scalar(sql).fetch_one(&pool).await.unwrap()
+    } else {
+        let pool = sqlx::SqlitePool::connect(endpoint).await.unwrap();
+        sqlx::query_scalar(sql).fetch_one(&pool).await.unwrap()
+    }
 }

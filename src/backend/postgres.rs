@@ -1,0 +1,553 @@
+//! The PostgreSQL backend: one database shared by any number of etcdsql processes.
+//!
+//! # One writer at a time, cluster-wide
+//! Every write transaction (and every compaction chunk) first takes one transaction-scoped
+//! advisory lock ([`WRITER_LOCK`]). So, across all processes, write transactions run one after
+//! another: each reads the current revision after the previous one committed, allocates the next
+//! revisions, and commits before the next writer may start. Revisions therefore become visible
+//! in order, with no gap and no transaction committing "out of order" — the failure that makes
+//! kine skip or stall events cannot happen here. Each process still groups its own requests into
+//! one transaction per batch, so the lock is taken once per batch, not per request.
+//!
+//! # Reads
+//! Read transactions are `REPEATABLE READ READ ONLY`: one snapshot for the revisions and the
+//! rows they return. A read that starts after a write was acknowledged by any process sees it.
+//!
+//! # Wake-ups
+//! A write transaction that moves the current revision also sends `NOTIFY` on
+//! [`COMMIT_CHANNEL`]; PostgreSQL delivers it at commit. Each process listens, so its watch hub
+//! wakes within milliseconds of another process's commit; polling stays as the fallback.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
+use sqlx::{ConnectOptions, Postgres, Transaction};
+use tokio::sync::watch;
+
+use super::{
+    Backend, DbSize, LeaseRow, LogRow, PoolOptions, RangeEnd, ReadTxn, Result, Revisions, Scan,
+    WriteTxn, decode_row,
+};
+
+static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/postgres");
+
+/// The advisory lock key every writer takes ("etcdsql" in ASCII, as a number).
+const WRITER_LOCK: i64 = 0x65_7463_6473_716c;
+/// The NOTIFY channel that carries committed revisions.
+const COMMIT_CHANNEL: &str = "etcdsql_commit";
+
+pub struct PostgresBackend {
+    pool: PgPool,
+    commits: watch::Receiver<i64>,
+    /// Stops the LISTEN task when the backend closes.
+    listener: tokio::task::JoinHandle<()>,
+}
+
+impl PostgresBackend {
+    /// Connects (creating the database if it is missing and the user may), migrates, and starts
+    /// listening for other processes' commits.
+    ///
+    /// # Errors
+    /// A malformed URL, an unreachable server, or a failed migration.
+    pub async fn open(url: &str, pool: &PoolOptions) -> Result<Self> {
+        let options = PgConnectOptions::from_str(url)?;
+        create_database_if_missing(&options).await?;
+        let pool = PgPoolOptions::new()
+            .max_connections(pool.max_connections)
+            .idle_timeout(Some(pool.idle_timeout))
+            .acquire_timeout(pool.connect_timeout)
+            .connect_with(options)
+            .await?;
+        // Concurrent first starts would race on the migration table; the writer lock orders them.
+        {
+            let mut conn = pool.acquire().await?;
+            sqlx::query("SELECT pg_advisory_lock($1)")
+                .bind(WRITER_LOCK)
+                .execute(&mut *conn)
+                .await?;
+            let migrated = MIGRATOR.run(&mut *conn).await;
+            sqlx::query("SELECT pg_advisory_unlock($1)")
+                .bind(WRITER_LOCK)
+                .execute(&mut *conn)
+                .await?;
+            migrated?;
+        }
+        let cluster_id = (rand::random::<u64>() >> 1).max(1) as i64;
+        sqlx::query(
+            "INSERT INTO meta (name, value) VALUES ('cluster_id', $1) ON CONFLICT DO NOTHING",
+        )
+        .bind(cluster_id)
+        .execute(&pool)
+        .await?;
+        let (tx, commits) = watch::channel(0);
+        let listener = tokio::spawn(listen_for_commits(pool.clone(), tx));
+        Ok(Self {
+            pool,
+            commits,
+            listener,
+        })
+    }
+}
+
+/// Connects to the server's `postgres` database and creates the target database if needed.
+async fn create_database_if_missing(options: &PgConnectOptions) -> Result<()> {
+    let Some(name) = options.get_database().map(str::to_owned) else {
+        return Ok(());
+    };
+    let mut admin = match options.clone().database("postgres").connect().await {
+        Ok(conn) => conn,
+        // No access to the maintenance database: assume the target exists; connecting to it
+        // reports the real problem if not.
+        Err(_) => return Ok(()),
+    };
+    let exists: Option<i32> = sqlx::query_scalar("SELECT 1 FROM pg_database WHERE datname = $1")
+        .bind(&name)
+        .fetch_optional(&mut admin)
+        .await?;
+    if exists.is_none() {
+        let quoted = format!("\"{}\"", name.replace('"', "\"\""));
+        let create = format!("CREATE DATABASE {quoted}");
+        match sqlx::query(sqlx::AssertSqlSafe(create))
+            .execute(&mut admin)
+            .await
+        {
+            Ok(_) => tracing::info!(database = %name, "created the database"),
+            // Another process created it first.
+            Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("42P04") => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
+/// Follows NOTIFYs on the commit channel; reconnects after outages.
+async fn listen_for_commits(pool: PgPool, commits: watch::Sender<i64>) {
+    loop {
+        let listening = async {
+            let mut listener = PgListener::connect_with(&pool).await?;
+            listener.listen(COMMIT_CHANNEL).await?;
+            loop {
+                let note = listener.recv().await?;
+                if let Ok(revision) = note.payload().parse::<i64>() {
+                    commits.send_if_modified(|seen| {
+                        let newer = revision > *seen;
+                        *seen = (*seen).max(revision);
+                        newer
+                    });
+                }
+            }
+            #[allow(unreachable_code)]
+            Ok::<(), sqlx::Error>(())
+        };
+        if let Err(e) = listening.await {
+            tracing::debug!(error = %e, "commit listener lost its connection; reconnecting");
+        }
+        if commits.is_closed() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// "The newest row of each key in a range, as of revision `$rev`, if it is live." PostgreSQL
+/// wants every parameter used, so each range shape numbers its own: `$1` is the start key, then
+/// the end key if there is one, then the revision (and the limit).
+macro_rules! live_rows {
+    ($range:literal, $rev:literal) => {
+        concat!(
+            " FROM kv_log AS k WHERE ",
+            $range,
+            " AND k.revision = (SELECT MAX(r.revision) FROM kv_log AS r \
+              WHERE r.name = k.name AND r.revision <= ",
+            $rev,
+            ") AND NOT k.deleted"
+        )
+    };
+}
+
+macro_rules! scan_sql {
+    ($value:literal, $range:literal, $rev:literal, $limit:literal) => {
+        concat!(
+            "SELECT k.revision, k.sub, k.name, k.created, k.deleted, k.create_revision, \
+             k.prev_revision, k.version, k.lease, ",
+            $value,
+            ", NULL::bytea, k.old_lease",
+            live_rows!($range, $rev),
+            " ORDER BY k.name LIMIT ",
+            $limit
+        )
+    };
+}
+
+macro_rules! count_sql {
+    ($range:literal, $rev:literal) => {
+        concat!("SELECT COUNT(*)", live_rows!($range, $rev))
+    };
+}
+
+macro_rules! row_columns {
+    () => {
+        "revision, sub, name, created, deleted, create_revision, prev_revision, version, lease, \
+         value, old_value, old_lease"
+    };
+}
+
+fn lease_row((id, ttl, expires_at): (i64, i64, i64)) -> LeaseRow {
+    LeaseRow {
+        id,
+        ttl,
+        expires_at,
+    }
+}
+
+#[async_trait]
+impl Backend for PostgresBackend {
+    async fn read(&self) -> Result<Box<dyn ReadTxn>> {
+        let tx = self
+            .pool
+            .begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            .await?;
+        Ok(Box::new(PgTxn(tx)))
+    }
+
+    async fn write(&self) -> Result<Box<dyn WriteTxn>> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query("SELECT pg_advisory_xact_lock($1)")
+            .bind(WRITER_LOCK)
+            .execute(&mut *tx)
+            .await?;
+        Ok(Box::new(PgTxn(tx)))
+    }
+
+    async fn cluster_id(&self) -> Result<u64> {
+        let id: i64 = sqlx::query_scalar("SELECT value FROM meta WHERE name = 'cluster_id'")
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(id as u64)
+    }
+
+    async fn size(&self) -> Result<DbSize> {
+        let total: i64 = sqlx::query_scalar("SELECT pg_database_size(current_database())")
+            .fetch_one(&self.pool)
+            .await?;
+        // Live tuples' share of the relations, a PostgreSQL stand-in for "in use".
+        let in_use: Option<i64> = sqlx::query_scalar(
+            "SELECT SUM(pg_total_relation_size(c.oid) * \
+                    CASE WHEN s.n_live_tup + s.n_dead_tup = 0 THEN 1.0 \
+                         ELSE s.n_live_tup::float8 / (s.n_live_tup + s.n_dead_tup) END)::bigint \
+             FROM pg_class c JOIN pg_stat_user_tables s ON s.relid = c.oid",
+        )
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(DbSize {
+            total,
+            in_use: in_use.unwrap_or(total).min(total),
+        })
+    }
+
+    async fn compact_window(&self, compact: i64, after: i64, through: i64) -> Result<u64> {
+        debug_assert!(through <= compact);
+        let mut tx = self.pool.begin().await?;
+        sqlx::query("SELECT pg_advisory_xact_lock($1)")
+            .bind(WRITER_LOCK)
+            .execute(&mut *tx)
+            .await?;
+        let superseded = sqlx::query(
+            "DELETE FROM kv_log AS p USING kv_log AS s \
+             WHERE p.name = s.name AND p.revision = s.prev_revision \
+               AND s.revision > $1 AND s.revision <= $2 AND s.prev_revision > 0",
+        )
+        .bind(after)
+        .bind(through)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        let tombstones =
+            sqlx::query("DELETE FROM kv_log WHERE deleted AND revision >= $1 AND revision < $2")
+                .bind(after)
+                .bind(through)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+        sqlx::query("UPDATE meta SET value = GREATEST(value, $1) WHERE name = 'compacted_through'")
+            .bind(through)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(superseded + tombstones)
+    }
+
+    async fn compacted_through(&self) -> Result<i64> {
+        Ok(
+            sqlx::query_scalar("SELECT value FROM meta WHERE name = 'compacted_through'")
+                .fetch_one(&self.pool)
+                .await?,
+        )
+    }
+
+    fn commit_notifications(&self) -> Option<watch::Receiver<i64>> {
+        Some(self.commits.clone())
+    }
+
+    async fn close(&self) {
+        self.listener.abort();
+        self.pool.close().await;
+    }
+}
+
+struct PgTxn(Transaction<'static, Postgres>);
+
+impl PgTxn {
+    async fn set_meta(&mut self, name: &str, value: i64) -> Result<()> {
+        sqlx::query("UPDATE meta SET value = $1 WHERE name = $2")
+            .bind(value)
+            .bind(name)
+            .execute(&mut *self.0)
+            .await?;
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl ReadTxn for PgTxn {
+    async fn revisions(&mut self) -> Result<Revisions> {
+        let rows: Vec<(String, i64)> = sqlx::query_as(
+            "SELECT name, value FROM meta WHERE name IN ('current_revision', 'compact_revision')",
+        )
+        .fetch_all(&mut *self.0)
+        .await?;
+        let mut revisions = Revisions {
+            current: 1,
+            compact: 0,
+        };
+        for (name, value) in rows {
+            match name.as_str() {
+                "current_revision" => revisions.current = value,
+                _ => revisions.compact = value,
+            }
+        }
+        Ok(revisions)
+    }
+
+    async fn scan(&mut self, scan: &Scan<'_>) -> Result<Vec<LogRow>> {
+        let sql = match (scan.end, scan.keys_only) {
+            (RangeEnd::Single, false) => scan_sql!("k.value", "k.name = $1", "$2", "$3"),
+            (RangeEnd::Single, true) => scan_sql!("''::bytea", "k.name = $1", "$2", "$3"),
+            (RangeEnd::Unbounded, false) => scan_sql!("k.value", "k.name >= $1", "$2", "$3"),
+            (RangeEnd::Unbounded, true) => scan_sql!("''::bytea", "k.name >= $1", "$2", "$3"),
+            (RangeEnd::Before(_), false) => {
+                scan_sql!("k.value", "k.name >= $1 AND k.name < $2", "$3", "$4")
+            }
+            (RangeEnd::Before(_), true) => {
+                scan_sql!("''::bytea", "k.name >= $1 AND k.name < $2", "$3", "$4")
+            }
+        };
+        let mut query = sqlx::query(sql).bind(scan.key);
+        if let RangeEnd::Before(end) = scan.end {
+            query = query.bind(end.as_slice());
+        }
+        let rows = query
+            .bind(scan.revision)
+            .bind(scan.limit)
+            .fetch_all(&mut *self.0)
+            .await?;
+        rows.iter().map(decode_row).collect()
+    }
+
+    async fn count(&mut self, key: &[u8], end: &RangeEnd, revision: i64) -> Result<i64> {
+        let sql = match end {
+            RangeEnd::Single => count_sql!("k.name = $1", "$2"),
+            RangeEnd::Unbounded => count_sql!("k.name >= $1", "$2"),
+            RangeEnd::Before(_) => count_sql!("k.name >= $1 AND k.name < $2", "$3"),
+        };
+        let mut query = sqlx::query_scalar(sql).bind(key);
+        if let RangeEnd::Before(end) = end {
+            query = query.bind(end.as_slice());
+        }
+        Ok(query.bind(revision).fetch_one(&mut *self.0).await?)
+    }
+
+    async fn latest(&mut self, key: &[u8]) -> Result<Option<LogRow>> {
+        let sql = concat!(
+            "SELECT ",
+            row_columns!(),
+            " FROM kv_log WHERE name = $1 ORDER BY revision DESC LIMIT 1"
+        );
+        let row = sqlx::query(sql)
+            .bind(key)
+            .fetch_optional(&mut *self.0)
+            .await?;
+        row.as_ref().map(decode_row).transpose()
+    }
+
+    async fn changes(&mut self, after: i64, through: i64) -> Result<Vec<LogRow>> {
+        let sql = concat!(
+            "SELECT ",
+            row_columns!(),
+            " FROM kv_log WHERE revision > $1 AND revision <= $2 ORDER BY revision, sub"
+        );
+        let rows = sqlx::query(sql)
+            .bind(after)
+            .bind(through)
+            .fetch_all(&mut *self.0)
+            .await?;
+        rows.iter().map(decode_row).collect()
+    }
+
+    async fn lease(&mut self, id: i64) -> Result<Option<LeaseRow>> {
+        let row: Option<(i64, i64, i64)> =
+            sqlx::query_as("SELECT id, ttl, expires_at FROM leases WHERE id = $1")
+                .bind(id)
+                .fetch_optional(&mut *self.0)
+                .await?;
+        Ok(row.map(lease_row))
+    }
+
+    async fn leases(&mut self) -> Result<Vec<LeaseRow>> {
+        let rows: Vec<(i64, i64, i64)> =
+            sqlx::query_as("SELECT id, ttl, expires_at FROM leases ORDER BY id")
+                .fetch_all(&mut *self.0)
+                .await?;
+        Ok(rows.into_iter().map(lease_row).collect())
+    }
+
+    async fn lease_keys(&mut self, id: i64, revision: i64) -> Result<Vec<LogRow>> {
+        // `k.lease <> 0` lets PostgreSQL use the partial index on leases.
+        let sql = concat!(
+            "SELECT k.revision, k.sub, k.name, k.created, k.deleted, k.create_revision, \
+             k.prev_revision, k.version, k.lease, k.value, k.old_value, k.old_lease",
+            live_rows!("k.lease = $1 AND k.lease <> 0", "$2"),
+            " ORDER BY k.name"
+        );
+        let rows = sqlx::query(sql)
+            .bind(id)
+            .bind(revision)
+            .fetch_all(&mut *self.0)
+            .await?;
+        rows.iter().map(decode_row).collect()
+    }
+
+    async fn expired_leases(&mut self, now: i64, limit: i64) -> Result<Vec<LeaseRow>> {
+        let rows: Vec<(i64, i64, i64)> = sqlx::query_as(
+            "SELECT id, ttl, expires_at FROM leases WHERE expires_at <= $1 \
+             ORDER BY expires_at LIMIT $2",
+        )
+        .bind(now)
+        .bind(limit)
+        .fetch_all(&mut *self.0)
+        .await?;
+        Ok(rows.into_iter().map(lease_row).collect())
+    }
+
+    async fn next_expiry(&mut self) -> Result<Option<i64>> {
+        Ok(sqlx::query_scalar("SELECT MIN(expires_at) FROM leases")
+            .fetch_one(&mut *self.0)
+            .await?)
+    }
+}
+
+#[async_trait]
+impl WriteTxn for PgTxn {
+    async fn insert(&mut self, row: &LogRow) -> Result<()> {
+        let sql = concat!(
+            "INSERT INTO kv_log (",
+            row_columns!(),
+            ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)"
+        );
+        sqlx::query(sql)
+            .bind(row.revision)
+            .bind(row.sub)
+            .bind(&row.key)
+            .bind(row.created)
+            .bind(row.deleted)
+            .bind(row.create_revision)
+            .bind(row.prev_revision)
+            .bind(row.version)
+            .bind(row.lease)
+            .bind(&row.value)
+            .bind(&row.old_value)
+            .bind(row.old_lease)
+            .execute(&mut *self.0)
+            .await?;
+        Ok(())
+    }
+
+    async fn set_current_revision(&mut self, revision: i64) -> Result<()> {
+        self.set_meta("current_revision", revision).await?;
+        // Delivered at commit, to every process listening (this one included).
+        sqlx::query("SELECT pg_notify($1, $2)")
+            .bind(COMMIT_CHANNEL)
+            .bind(revision.to_string())
+            .execute(&mut *self.0)
+            .await?;
+        Ok(())
+    }
+
+    async fn set_compact_revision(&mut self, revision: i64) -> Result<()> {
+        self.set_meta("compact_revision", revision).await
+    }
+
+    async fn insert_lease(&mut self, lease: &LeaseRow) -> Result<bool> {
+        let inserted = sqlx::query(
+            "INSERT INTO leases (id, ttl, expires_at) VALUES ($1, $2, $3) \
+             ON CONFLICT (id) DO NOTHING",
+        )
+        .bind(lease.id)
+        .bind(lease.ttl)
+        .bind(lease.expires_at)
+        .execute(&mut *self.0)
+        .await?
+        .rows_affected();
+        Ok(inserted == 1)
+    }
+
+    async fn set_lease_expiry(&mut self, id: i64, expires_at: i64) -> Result<bool> {
+        let updated = sqlx::query("UPDATE leases SET expires_at = $1 WHERE id = $2")
+            .bind(expires_at)
+            .bind(id)
+            .execute(&mut *self.0)
+            .await?
+            .rows_affected();
+        Ok(updated == 1)
+    }
+
+    async fn delete_lease(&mut self, id: i64) -> Result<bool> {
+        let deleted = sqlx::query("DELETE FROM leases WHERE id = $1")
+            .bind(id)
+            .execute(&mut *self.0)
+            .await?
+            .rows_affected();
+        Ok(deleted == 1)
+    }
+
+    async fn savepoint(&mut self) -> Result<()> {
+        sqlx::query("SAVEPOINT request")
+            .execute(&mut *self.0)
+            .await?;
+        Ok(())
+    }
+
+    async fn release_savepoint(&mut self) -> Result<()> {
+        sqlx::query("RELEASE SAVEPOINT request")
+            .execute(&mut *self.0)
+            .await?;
+        Ok(())
+    }
+
+    async fn rollback_to_savepoint(&mut self) -> Result<()> {
+        sqlx::query("ROLLBACK TO SAVEPOINT request")
+            .execute(&mut *self.0)
+            .await?;
+        sqlx::query("RELEASE SAVEPOINT request")
+            .execute(&mut *self.0)
+            .await?;
+        Ok(())
+    }
+
+    async fn commit(self: Box<Self>) -> Result<()> {
+        self.0.commit().await?;
+        Ok(())
+    }
+}

@@ -1,0 +1,1296 @@
+//! Prometheus metrics for `/metrics`: etcd's names wherever the meaning is the same, so etcd's
+//! dashboards and alerts work unchanged, plus etcdsql's own (`etcdsql_*`) for what etcd does not
+//! have — the SQL under the log.
+//!
+//! # What owns what
+//! One [`Metrics`] per server (tests run several servers in one process, so nothing is global).
+//! Values come from four places:
+//! - **Scrape time**: revisions, database sizes, the number of keys and process figures are read
+//!   when `/metrics` is requested ([`Metrics::refresh`]), so they are exact and cost nothing
+//!   between scrapes. Counting keys reads the whole key index; that is one query per scrape.
+//! - **The gRPC layer** ([`GrpcMetricsLayer`]): go-grpc-prometheus's `grpc_server_*` series
+//!   with etcd's labels, for every known etcd method (unknown paths are not counted, so a client
+//!   cannot create series at will). A call is *handled* when its response ends: its trailers'
+//!   `grpc-status`, or `Canceled` if the client went away first.
+//! - **The backend decorator** ([`instrument`]): every call into the database is timed by
+//!   operation (`etcdsql_sql_duration_seconds{query=…}`); commits also feed etcd's
+//!   `etcd_disk_backend_commit_duration_seconds`; physical compaction counts its runs and rows.
+//! - **Hooks** in the API services, the store's writer (batch sizes, commit times) and the
+//!   lessor (expiries).
+//!
+//! # Invariants
+//! - Counters only grow; gauges that track live objects (watchers, watch streams) are adjusted by
+//!   the difference a stream reports and given back when the stream ends ([`WatchGauges`]), so
+//!   they return to zero when every stream has closed.
+//! - The output is OpenMetrics text ([`CONTENT_TYPE`]); a counter registered as `x` is exposed
+//!   as `x_total`, exactly etcd's sample names.
+
+use std::collections::{HashMap, VecDeque};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, LazyLock, Mutex};
+use std::task::{Context, Poll, ready};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+use crate::backend::{
+    self, Backend, DbSize, LeaseRow, LogRow, RangeEnd, ReadTxn, Revisions, Scan, WriteTxn,
+};
+use crate::lease::ExpiryObserver;
+use crate::mvcc::types::{KeyRange, OpResponse, RangeRequest, TxnResponse};
+use crate::mvcc::{CommitObserver, Store};
+
+/// The media type of [`Metrics::encode`]'s output.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// Commit times kept for the watch delivery lag: enough for every revision a watcher can still
+/// be behind on at any sane write rate before it counts as lagging anyway.
+const COMMIT_TIMES: usize = 4096;
+
+/// Prometheus' default buckets, which go-grpc-prometheus (and so etcd) uses for handling times.
+const GRPC_BUCKETS: [f64; 11] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct MethodLabels {
+    grpc_type: &'static str,
+    grpc_service: &'static str,
+    grpc_method: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct HandledLabels {
+    grpc_type: &'static str,
+    grpc_service: &'static str,
+    grpc_method: &'static str,
+    grpc_code: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct QueryLabels {
+    query: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct VersionLabels {
+    server_version: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ClusterVersionLabels {
+    cluster_version: String,
+}
+
+type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
+
+/// The server's metrics; cheap to clone.
+#[derive(Clone)]
+pub struct Metrics {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    /// Fixed once built: every metric is registered in [`Metrics::new`].
+    registry: Registry,
+
+    db_total_size: Gauge,
+    db_in_use_size: Gauge,
+    keys_total: Gauge,
+    current_revision: Gauge,
+    compact_revision: Gauge,
+    range_total: Counter,
+    put_total: Counter,
+    delete_total: Counter,
+    txn_total: Counter,
+
+    watch_streams: Gauge,
+    watchers: Gauge,
+    slow_watchers: Gauge,
+    watch_events: Counter,
+    watch_lag: Histogram,
+
+    lease_granted: Counter,
+    lease_revoked: Counter,
+    lease_renewed: Counter,
+    lease_expired: Counter,
+
+    grpc_started: Family<MethodLabels, Counter>,
+    grpc_handled: Family<HandledLabels, Counter>,
+    grpc_seconds: HistogramFamily<MethodLabels>,
+
+    sql_seconds: HistogramFamily<QueryLabels>,
+    sql_errors: Family<QueryLabels, Counter>,
+    commit_seconds: Histogram,
+    write_batch_size: Histogram,
+    compaction_runs: Counter,
+    compaction_rows: Counter,
+
+    resident_memory: Gauge,
+    open_fds: Gauge,
+
+    /// (current revision after a commit, when it committed), oldest first. A std mutex: held
+    /// for a push or a binary search, never across an `.await`.
+    commits: Mutex<VecDeque<(i64, Instant)>>,
+}
+
+impl Metrics {
+    /// Registers every metric; `version` is the emulated etcd version.
+    pub fn new(version: &str) -> Self {
+        let mut r = Registry::default();
+
+        // Constant: with no election, this member is always the leader.
+        let has_leader: Gauge = Gauge::default();
+        r.register(
+            "etcd_server_has_leader",
+            "Whether or not a leader exists. 1 is existence, 0 is not (always 1: etcdsql is its own leader)",
+            has_leader.clone(),
+        );
+        has_leader.set(1);
+        let is_leader: Gauge = Gauge::default();
+        r.register(
+            "etcd_server_is_leader",
+            "Whether or not this member is a leader. 1 if is, 0 otherwise",
+            is_leader.clone(),
+        );
+        is_leader.set(1);
+        let leader_changes: Counter = Counter::default();
+        r.register(
+            "etcd_server_leader_changes_seen",
+            "The number of leader changes seen (always 0: there is no election)",
+            leader_changes,
+        );
+        let server_version = Family::<VersionLabels, Gauge>::default();
+        r.register(
+            "etcd_server_version",
+            "Which version is running. 1 for 'server_version' label with current version",
+            server_version.clone(),
+        );
+        server_version
+            .get_or_create(&VersionLabels {
+                server_version: version.to_owned(),
+            })
+            .set(1);
+        let cluster_version = Family::<ClusterVersionLabels, Gauge>::default();
+        r.register(
+            "etcd_cluster_version",
+            "Which version is running. 1 for 'cluster_version' label with current cluster version",
+            cluster_version.clone(),
+        );
+        let major_minor: Vec<&str> = version.split('.').take(2).collect();
+        cluster_version
+            .get_or_create(&ClusterVersionLabels {
+                cluster_version: major_minor.join("."),
+            })
+            .set(1);
+
+        let gauge = |r: &mut Registry, name: &str, help: &str| {
+            let g = Gauge::default();
+            r.register(name, help, g.clone());
+            g
+        };
+        let counter = |r: &mut Registry, name: &str, help: &str| {
+            let c: Counter = Counter::default();
+            r.register(name, help, c.clone());
+            c
+        };
+
+        let db_total_size = gauge(
+            &mut r,
+            "etcd_mvcc_db_total_size_in_bytes",
+            "Total size of the underlying database physically allocated in bytes",
+        );
+        let db_in_use_size = gauge(
+            &mut r,
+            "etcd_mvcc_db_total_size_in_use_in_bytes",
+            "Total size of the underlying database logically in use in bytes",
+        );
+        let keys_total = gauge(
+            &mut r,
+            "etcd_debugging_mvcc_keys_total",
+            "Total number of keys",
+        );
+        let current_revision = gauge(
+            &mut r,
+            "etcd_debugging_mvcc_current_revision",
+            "The current revision of store",
+        );
+        let compact_revision = gauge(
+            &mut r,
+            "etcd_debugging_mvcc_compact_revision",
+            "The revision of the last compaction in store",
+        );
+        let range_total = counter(&mut r, "etcd_mvcc_range", "Total number of ranges seen.");
+        let put_total = counter(&mut r, "etcd_mvcc_put", "Total number of puts seen.");
+        let delete_total = counter(
+            &mut r,
+            "etcd_mvcc_delete",
+            "Total number of deletes seen (delete-range operations)",
+        );
+        let txn_total = counter(
+            &mut r,
+            "etcd_mvcc_txn",
+            "Total number of txns seen (with more than one operation)",
+        );
+
+        let watch_streams = gauge(
+            &mut r,
+            "etcd_debugging_mvcc_watch_stream_total",
+            "Total number of watch streams",
+        );
+        let watchers = gauge(
+            &mut r,
+            "etcd_debugging_mvcc_watcher_total",
+            "Total number of watchers",
+        );
+        let slow_watchers = gauge(
+            &mut r,
+            "etcd_debugging_mvcc_slow_watcher_total",
+            "Total number of unsynced slow watchers (replaying the log or catching up after a full queue)",
+        );
+        let watch_events = counter(
+            &mut r,
+            "etcd_debugging_mvcc_events",
+            "Total number of events sent by this member",
+        );
+        let watch_lag = Histogram::new(exponential_buckets(0.0005, 2.0, 16));
+        r.register(
+            "etcdsql_watch_delivery_lag_seconds",
+            "Time from the commit of a revision to its events being handed to a watch stream (revisions committed by this process)",
+            watch_lag.clone(),
+        );
+
+        let lease_granted = counter(
+            &mut r,
+            "etcd_debugging_lease_granted",
+            "The total number of granted leases",
+        );
+        let lease_revoked = counter(
+            &mut r,
+            "etcd_debugging_lease_revoked",
+            "The total number of revoked leases (by request or expiry)",
+        );
+        let lease_renewed = counter(
+            &mut r,
+            "etcd_debugging_lease_renewed",
+            "The number of renewed leases seen by the leader",
+        );
+        let lease_expired = counter(
+            &mut r,
+            "etcdsql_lease_expired",
+            "Leases revoked because their TTL ran out",
+        );
+
+        let grpc_started = Family::<MethodLabels, Counter>::default();
+        r.register(
+            "grpc_server_started",
+            "Total number of RPCs started on the server",
+            grpc_started.clone(),
+        );
+        let grpc_handled = Family::<HandledLabels, Counter>::default();
+        r.register(
+            "grpc_server_handled",
+            "Total number of RPCs completed on the server, regardless of success or failure",
+            grpc_handled.clone(),
+        );
+        let grpc_seconds: HistogramFamily<MethodLabels> =
+            Family::new_with_constructor(|| Histogram::new(GRPC_BUCKETS));
+        r.register(
+            "grpc_server_handling_seconds",
+            "Histogram of response latency (seconds) of gRPC that had been application-level handled by the server",
+            grpc_seconds.clone(),
+        );
+
+        let sql_seconds: HistogramFamily<QueryLabels> =
+            Family::new_with_constructor(|| Histogram::new(exponential_buckets(0.0001, 2.0, 16)));
+        r.register(
+            "etcdsql_sql_duration_seconds",
+            "Time spent in each backend database operation, by operation",
+            sql_seconds.clone(),
+        );
+        let sql_errors = Family::<QueryLabels, Counter>::default();
+        r.register(
+            "etcdsql_sql_errors",
+            "Backend database operations that failed, by operation",
+            sql_errors.clone(),
+        );
+        let commit_seconds = Histogram::new(exponential_buckets(0.001, 2.0, 14));
+        r.register(
+            "etcd_disk_backend_commit_duration_seconds",
+            "The latency distributions of commit called by backend",
+            commit_seconds.clone(),
+        );
+        let write_batch_size = Histogram::new(exponential_buckets(1.0, 2.0, 10));
+        r.register(
+            "etcdsql_write_batch_size",
+            "Write requests committed together in one database transaction (group commit)",
+            write_batch_size.clone(),
+        );
+        let compaction_runs = counter(
+            &mut r,
+            "etcdsql_compaction_runs",
+            "Physical compaction transactions run (each removes the rows of a window of revisions)",
+        );
+        let compaction_rows = counter(
+            &mut r,
+            "etcdsql_compaction_rows_removed",
+            "Log rows removed by physical compaction",
+        );
+
+        let resident_memory = gauge(
+            &mut r,
+            "process_resident_memory_bytes",
+            "Resident memory size in bytes",
+        );
+        let open_fds = gauge(
+            &mut r,
+            "process_open_fds",
+            "Number of open file descriptors",
+        );
+        let start_time = gauge(
+            &mut r,
+            "process_start_time_seconds",
+            "Start time of the process since unix epoch in seconds",
+        );
+        start_time.set(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX)),
+        );
+
+        Self {
+            inner: Arc::new(Inner {
+                registry: r,
+                db_total_size,
+                db_in_use_size,
+                keys_total,
+                current_revision,
+                compact_revision,
+                range_total,
+                put_total,
+                delete_total,
+                txn_total,
+                watch_streams,
+                watchers,
+                slow_watchers,
+                watch_events,
+                watch_lag,
+                lease_granted,
+                lease_revoked,
+                lease_renewed,
+                lease_expired,
+                grpc_started,
+                grpc_handled,
+                grpc_seconds,
+                sql_seconds,
+                sql_errors,
+                commit_seconds,
+                write_batch_size,
+                compaction_runs,
+                compaction_rows,
+                resident_memory,
+                open_fds,
+                commits: Mutex::new(VecDeque::with_capacity(COMMIT_TIMES)),
+            }),
+        }
+    }
+
+    /// Reads the values that are cheaper to look up than to track: revisions, sizes, key count,
+    /// process figures. A failing database leaves the previous values (and is logged), so the
+    /// rest of the scrape still works.
+    pub async fn refresh(&self, store: &Store) {
+        let m = &self.inner;
+        let all_keys = RangeRequest {
+            count_only: true,
+            ..RangeRequest::of(KeyRange {
+                key: vec![0],
+                end: RangeEnd::Unbounded,
+            })
+        };
+        let read = async {
+            let revisions = store.revisions().await?;
+            let size = store.size().await?;
+            let keys = store.range(&all_keys).await?;
+            Ok::<_, crate::mvcc::Error>((revisions, size, keys))
+        };
+        match read.await {
+            Ok((revisions, size, keys)) => {
+                // The revision the key count was taken at.
+                m.current_revision.set(keys.revision.max(revisions.current));
+                m.compact_revision.set(revisions.compact);
+                m.db_total_size.set(size.total);
+                m.db_in_use_size.set(size.in_use);
+                m.keys_total.set(keys.value.count);
+            }
+            Err(e) => tracing::warn!(error = %e, "metrics: cannot read the store"),
+        }
+        if let Some(rss) = resident_memory_bytes() {
+            m.resident_memory.set(rss);
+        }
+        if let Ok(fds) = std::fs::read_dir("/proc/self/fd") {
+            m.open_fds
+                .set(i64::try_from(fds.count()).unwrap_or(i64::MAX));
+        }
+    }
+
+    /// Every metric in the OpenMetrics text format.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.inner.registry);
+        out
+    }
+
+    /// Counts the operations of a KV request that succeeded, as etcd's mvcc layer does: each
+    /// range, put and delete-range, and one txn when a request ran more than one operation.
+    pub fn record_ops(&self, ops: OpCounts) {
+        let m = &self.inner;
+        m.range_total.inc_by(ops.ranges);
+        m.put_total.inc_by(ops.puts);
+        m.delete_total.inc_by(ops.deletes);
+        if ops.ranges + ops.puts + ops.deletes > 1 {
+            m.txn_total.inc();
+        }
+    }
+
+    pub fn lease_granted(&self) {
+        self.inner.lease_granted.inc();
+    }
+
+    pub fn lease_revoked(&self) {
+        self.inner.lease_revoked.inc();
+    }
+
+    pub fn lease_renewed(&self) {
+        self.inner.lease_renewed.inc();
+    }
+
+    /// The lessor's hook: counts leases that ran out (they are revoked, too).
+    pub fn expiry_observer(&self) -> ExpiryObserver {
+        let metrics = self.clone();
+        Arc::new(move |n| {
+            let n = n as u64;
+            metrics.inner.lease_expired.inc_by(n);
+            metrics.inner.lease_revoked.inc_by(n);
+        })
+    }
+
+    /// The store writer's hook: batch sizes, and when each revision committed (for the watch
+    /// delivery lag).
+    pub fn commit_observer(&self) -> CommitObserver {
+        let metrics = self.clone();
+        Box::new(move |requests, current| {
+            metrics.inner.write_batch_size.observe(requests as f64);
+            let mut commits = lock(&metrics.inner.commits);
+            if commits.back().is_none_or(|(last, _)| *last < current) {
+                if commits.len() == COMMIT_TIMES {
+                    commits.pop_front();
+                }
+                commits.push_back((current, Instant::now()));
+            }
+        })
+    }
+
+    /// A new watch stream; the returned guard keeps its watcher counts in the gauges.
+    pub fn watch_stream(&self) -> WatchGauges {
+        self.inner.watch_streams.inc();
+        WatchGauges {
+            metrics: self.clone(),
+            watchers: 0,
+            slow: 0,
+        }
+    }
+
+    /// Events handed to a watch stream, the oldest at `revision`.
+    pub fn watch_delivered(&self, events: usize, revision: i64) {
+        self.inner.watch_events.inc_by(events as u64);
+        if let Some(committed) = self.commit_time(revision) {
+            let lag = Instant::now().saturating_duration_since(committed);
+            self.inner.watch_lag.observe(lag.as_secs_f64());
+        }
+    }
+
+    /// When `revision` was committed by this process, if it still remembers: the commit whose
+    /// range of revisions `(previous, current]` holds it.
+    fn commit_time(&self, revision: i64) -> Option<Instant> {
+        let commits = lock(&self.inner.commits);
+        let at = commits.partition_point(|(current, _)| *current < revision);
+        // At 0 the commit that produced `revision` could be older than the oldest remembered.
+        if at == 0 {
+            return None;
+        }
+        commits.get(at).map(|(_, when)| *when)
+    }
+
+    /// The tower layer that counts gRPC calls.
+    pub fn grpc_layer(&self) -> GrpcMetricsLayer {
+        GrpcMetricsLayer {
+            metrics: self.clone(),
+        }
+    }
+
+    fn observe_sql(&self, query: &'static str, elapsed: Duration, failed: bool) {
+        let labels = QueryLabels { query };
+        self.inner
+            .sql_seconds
+            .get_or_create(&labels)
+            .observe(elapsed.as_secs_f64());
+        if failed {
+            self.inner.sql_errors.get_or_create(&labels).inc();
+        }
+    }
+}
+
+/// Poisoning only means a panic elsewhere mid-push; the deque is still a valid deque.
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// `VmRSS` from `/proc/self/status` (Linux), in bytes.
+fn resident_memory_bytes() -> Option<i64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let kib: i64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}
+
+/// Operations one KV request ran.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OpCounts {
+    pub ranges: u64,
+    pub puts: u64,
+    pub deletes: u64,
+}
+
+impl OpCounts {
+    /// The operations a txn ran: its taken branch, nested txns included.
+    pub fn of_txn(txn: &TxnResponse) -> Self {
+        let mut counts = Self::default();
+        counts.add_txn(txn);
+        counts
+    }
+
+    fn add_txn(&mut self, txn: &TxnResponse) {
+        for response in &txn.responses {
+            match response {
+                OpResponse::Range(_) => self.ranges += 1,
+                OpResponse::Put(_) => self.puts += 1,
+                OpResponse::Delete(_) => self.deletes += 1,
+                OpResponse::Txn(nested) => self.add_txn(nested),
+            }
+        }
+    }
+}
+
+/// A watch stream's share of the watcher gauges; gives it back when dropped.
+pub struct WatchGauges {
+    metrics: Metrics,
+    watchers: i64,
+    slow: i64,
+}
+
+impl WatchGauges {
+    /// The stream now has `watchers` watchers, `slow` of them not synced.
+    pub fn set(&mut self, watchers: usize, slow: usize) {
+        let watchers = i64::try_from(watchers).unwrap_or(i64::MAX);
+        let slow = i64::try_from(slow).unwrap_or(i64::MAX);
+        let m = &self.metrics.inner;
+        if watchers != self.watchers {
+            m.watchers.inc_by(watchers - self.watchers);
+            self.watchers = watchers;
+        }
+        if slow != self.slow {
+            m.slow_watchers.inc_by(slow - self.slow);
+            self.slow = slow;
+        }
+    }
+}
+
+impl Drop for WatchGauges {
+    fn drop(&mut self) {
+        self.set(0, 0);
+        self.metrics.inner.watch_streams.dec();
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// gRPC: go-grpc-prometheus's series, with etcd's labels.
+
+/// One gRPC method as the metrics label it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct GrpcMethod {
+    service: &'static str,
+    method: &'static str,
+    kind: &'static str,
+}
+
+/// The proto that defines etcd's services; the method table is read from it, so it cannot
+/// drift from what the server implements.
+const RPC_PROTO: &str = include_str!("../proto/etcdserverpb/rpc.proto");
+
+/// Every etcd method (and gRPC health's), by request path.
+static GRPC_METHODS: LazyLock<HashMap<String, GrpcMethod>> = LazyLock::new(|| {
+    let mut methods = HashMap::new();
+    let mut add = |service: &'static str, method: &'static str, kind: &'static str| {
+        methods.insert(
+            format!("/{service}/{method}"),
+            GrpcMethod {
+                service,
+                method,
+                kind,
+            },
+        );
+    };
+    add("grpc.health.v1.Health", "Check", "unary");
+    add("grpc.health.v1.Health", "Watch", "server_stream");
+    let mut service: Option<&'static str> = None;
+    for line in RPC_PROTO.lines().map(str::trim) {
+        if let Some(rest) = line.strip_prefix("service ") {
+            let name = rest.trim_end_matches('{').trim();
+            // Labels are 'static: the qualified names are made once per process.
+            service = Some(Box::leak(format!("etcdserverpb.{name}").into_boxed_str()));
+        } else if let (Some(service), Some(rest)) = (service, line.strip_prefix("rpc ")) {
+            let Some((method, signature)) = rest.split_once('(') else {
+                continue;
+            };
+            let Some((request, response)) = signature.split_once("returns") else {
+                continue;
+            };
+            let kind = match (
+                request.trim_start().starts_with("stream "),
+                response
+                    .trim_start()
+                    .trim_start_matches('(')
+                    .starts_with("stream "),
+            ) {
+                (false, false) => "unary",
+                (false, true) => "server_stream",
+                (true, false) => "client_stream",
+                (true, true) => "bidi_stream",
+            };
+            add(service, method.trim(), kind);
+        } else if line == "}" {
+            service = None;
+        }
+    }
+    methods
+});
+
+/// gRPC status codes as go-grpc-prometheus names them (`codes.Code.String()`).
+fn code_name(code: i32) -> &'static str {
+    match code {
+        0 => "OK",
+        1 => "Canceled",
+        2 => "Unknown",
+        3 => "InvalidArgument",
+        4 => "DeadlineExceeded",
+        5 => "NotFound",
+        6 => "AlreadyExists",
+        7 => "PermissionDenied",
+        8 => "ResourceExhausted",
+        9 => "FailedPrecondition",
+        10 => "Aborted",
+        11 => "OutOfRange",
+        12 => "Unimplemented",
+        13 => "Internal",
+        14 => "Unavailable",
+        15 => "DataLoss",
+        16 => "Unauthenticated",
+        _ => "Unknown",
+    }
+}
+
+fn grpc_status(headers: &http::HeaderMap) -> Option<&'static str> {
+    let value = headers.get("grpc-status")?.to_str().ok()?;
+    Some(code_name(value.trim().parse().unwrap_or(2)))
+}
+
+/// Wraps the gRPC server's service in [`GrpcMetrics`].
+#[derive(Clone)]
+pub struct GrpcMetricsLayer {
+    metrics: Metrics,
+}
+
+impl<S> tower_layer::Layer<S> for GrpcMetricsLayer {
+    type Service = GrpcMetrics<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        GrpcMetrics {
+            inner,
+            metrics: self.metrics.clone(),
+        }
+    }
+}
+
+/// Counts gRPC calls to known methods; HTTP requests (`/version`, `/metrics`…) pass untouched.
+#[derive(Clone)]
+pub struct GrpcMetrics<S> {
+    inner: S,
+    metrics: Metrics,
+}
+
+impl<S, ReqBody, ResBody> tower_service::Service<http::Request<ReqBody>> for GrpcMetrics<S>
+where
+    S: tower_service::Service<http::Request<ReqBody>, Response = http::Response<ResBody>>,
+{
+    type Response = http::Response<MeteredBody<ResBody>>;
+    type Error = S::Error;
+    type Future = MeteredFuture<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<ReqBody>) -> Self::Future {
+        let is_grpc = request
+            .headers()
+            .get(http::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("application/grpc"));
+        let call = is_grpc
+            .then(|| GRPC_METHODS.get(request.uri().path()).copied())
+            .flatten()
+            .map(|method| {
+                self.metrics
+                    .inner
+                    .grpc_started
+                    .get_or_create(&method.labels())
+                    .inc();
+                Call {
+                    metrics: self.metrics.clone(),
+                    method,
+                    started: Instant::now(),
+                    code: None,
+                }
+            });
+        MeteredFuture {
+            inner: self.inner.call(request),
+            call,
+        }
+    }
+}
+
+impl GrpcMethod {
+    fn labels(&self) -> MethodLabels {
+        MethodLabels {
+            grpc_type: self.kind,
+            grpc_service: self.service,
+            grpc_method: self.method,
+        }
+    }
+}
+
+/// A call in flight; recorded as handled exactly once, by [`Call::finish`].
+struct Call {
+    metrics: Metrics,
+    method: GrpcMethod,
+    started: Instant,
+    /// A status already sent in the response headers (a trailers-only response).
+    code: Option<&'static str>,
+}
+
+impl Call {
+    fn finish(self, code: &'static str) {
+        let m = &self.metrics.inner;
+        let labels = self.method.labels();
+        m.grpc_seconds
+            .get_or_create(&labels)
+            .observe(self.started.elapsed().as_secs_f64());
+        m.grpc_handled
+            .get_or_create(&HandledLabels {
+                grpc_type: labels.grpc_type,
+                grpc_service: labels.grpc_service,
+                grpc_method: labels.grpc_method,
+                grpc_code: code,
+            })
+            .inc();
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// The response future of [`GrpcMetrics`].
+    pub struct MeteredFuture<F> {
+        #[pin]
+        inner: F,
+        call: Option<Call>,
+    }
+}
+
+impl<F, B, E> Future for MeteredFuture<F>
+where
+    F: Future<Output = Result<http::Response<B>, E>>,
+{
+    type Output = Result<http::Response<MeteredBody<B>>, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let result = ready!(this.inner.poll(cx));
+        let mut call = this.call.take();
+        Poll::Ready(match result {
+            Ok(response) => {
+                if let Some(call) = &mut call {
+                    call.code = grpc_status(response.headers());
+                }
+                Ok(response.map(|inner| MeteredBody { inner, call }))
+            }
+            Err(e) => {
+                if let Some(call) = call {
+                    call.finish("Unknown");
+                }
+                Err(e)
+            }
+        })
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A response body that records its call as handled when it ends or is dropped.
+    pub struct MeteredBody<B> {
+        #[pin]
+        inner: B,
+        call: Option<Call>,
+    }
+
+    impl<B> PinnedDrop for MeteredBody<B> {
+        fn drop(this: Pin<&mut Self>) {
+            if let Some(call) = this.project().call.take() {
+                // Ended without trailers: the status was in the headers, or the client left
+                // before the server finished (go-grpc-prometheus reports that as Canceled).
+                let code = call.code.unwrap_or("Canceled");
+                call.finish(code);
+            }
+        }
+    }
+}
+
+impl<B: http_body::Body> http_body::Body for MeteredBody<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        let this = self.project();
+        let frame = ready!(this.inner.poll_frame(cx));
+        match &frame {
+            Some(Ok(frame)) => {
+                if let Some(trailers) = frame.trailers_ref()
+                    && let Some(call) = this.call.take()
+                {
+                    let code = grpc_status(trailers).or(call.code).unwrap_or("Unknown");
+                    call.finish(code);
+                }
+            }
+            Some(Err(_)) => {
+                if let Some(call) = this.call.take() {
+                    call.finish("Unknown");
+                }
+            }
+            None => {
+                if let Some(call) = this.call.take() {
+                    let code = call.code.unwrap_or("Unknown");
+                    call.finish(code);
+                }
+            }
+        }
+        Poll::Ready(frame)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The backend decorator: times every database operation.
+
+/// Wraps `backend` so every operation is timed into `metrics`.
+///
+/// Every method of the backend traits is forwarded here, including those with default bodies
+/// (a forgotten default would silently replace the real backend's behaviour): when the traits
+/// gain a method, add it below.
+pub fn instrument(backend: Arc<dyn Backend>, metrics: &Metrics) -> Arc<dyn Backend> {
+    Arc::new(InstrumentedBackend {
+        inner: backend,
+        metrics: metrics.clone(),
+    })
+}
+
+/// Runs one database operation and records how long it took and whether it failed.
+async fn timed<T>(
+    metrics: &Metrics,
+    query: &'static str,
+    operation: impl Future<Output = backend::Result<T>>,
+) -> backend::Result<T> {
+    let started = Instant::now();
+    let result = operation.await;
+    metrics.observe_sql(query, started.elapsed(), result.is_err());
+    result
+}
+
+struct InstrumentedBackend {
+    inner: Arc<dyn Backend>,
+    metrics: Metrics,
+}
+
+struct InstrumentedRead {
+    inner: Box<dyn ReadTxn>,
+    metrics: Metrics,
+}
+
+struct InstrumentedWrite {
+    inner: Box<dyn WriteTxn>,
+    metrics: Metrics,
+}
+
+#[async_trait]
+impl Backend for InstrumentedBackend {
+    async fn read(&self) -> backend::Result<Box<dyn ReadTxn>> {
+        let inner = timed(&self.metrics, "begin_read", self.inner.read()).await?;
+        Ok(Box::new(InstrumentedRead {
+            inner,
+            metrics: self.metrics.clone(),
+        }))
+    }
+
+    /// Includes waiting for the previous write transaction to finish.
+    async fn write(&self) -> backend::Result<Box<dyn WriteTxn>> {
+        let inner = timed(&self.metrics, "begin_write", self.inner.write()).await?;
+        Ok(Box::new(InstrumentedWrite {
+            inner,
+            metrics: self.metrics.clone(),
+        }))
+    }
+
+    async fn cluster_id(&self) -> backend::Result<u64> {
+        timed(&self.metrics, "cluster_id", self.inner.cluster_id()).await
+    }
+
+    async fn size(&self) -> backend::Result<DbSize> {
+        timed(&self.metrics, "size", self.inner.size()).await
+    }
+
+    async fn compact_window(&self, compact: i64, after: i64, through: i64) -> backend::Result<u64> {
+        let removed = timed(
+            &self.metrics,
+            "compact_window",
+            self.inner.compact_window(compact, after, through),
+        )
+        .await?;
+        self.metrics.inner.compaction_runs.inc();
+        self.metrics.inner.compaction_rows.inc_by(removed);
+        Ok(removed)
+    }
+
+    async fn compacted_through(&self) -> backend::Result<i64> {
+        timed(
+            &self.metrics,
+            "compacted_through",
+            self.inner.compacted_through(),
+        )
+        .await
+    }
+
+    fn commit_notifications(&self) -> Option<tokio::sync::watch::Receiver<i64>> {
+        self.inner.commit_notifications()
+    }
+
+    async fn close(&self) {
+        self.inner.close().await;
+    }
+}
+
+/// The read queries, timed, for both transaction wrappers.
+macro_rules! instrumented_read_txn {
+    ($wrapper:ty) => {
+        #[async_trait]
+        impl ReadTxn for $wrapper {
+            async fn revisions(&mut self) -> backend::Result<Revisions> {
+                timed(&self.metrics, "revisions", self.inner.revisions()).await
+            }
+
+            async fn scan(&mut self, scan: &Scan<'_>) -> backend::Result<Vec<LogRow>> {
+                timed(&self.metrics, "scan", self.inner.scan(scan)).await
+            }
+
+            async fn count(
+                &mut self,
+                key: &[u8],
+                end: &RangeEnd,
+                revision: i64,
+            ) -> backend::Result<i64> {
+                timed(&self.metrics, "count", self.inner.count(key, end, revision)).await
+            }
+
+            async fn latest(&mut self, key: &[u8]) -> backend::Result<Option<LogRow>> {
+                timed(&self.metrics, "latest", self.inner.latest(key)).await
+            }
+
+            async fn changes(&mut self, after: i64, through: i64) -> backend::Result<Vec<LogRow>> {
+                timed(&self.metrics, "changes", self.inner.changes(after, through)).await
+            }
+
+            async fn lease(&mut self, id: i64) -> backend::Result<Option<LeaseRow>> {
+                timed(&self.metrics, "lease", self.inner.lease(id)).await
+            }
+
+            async fn leases(&mut self) -> backend::Result<Vec<LeaseRow>> {
+                timed(&self.metrics, "leases", self.inner.leases()).await
+            }
+
+            async fn lease_keys(&mut self, id: i64, revision: i64) -> backend::Result<Vec<LogRow>> {
+                timed(
+                    &self.metrics,
+                    "lease_keys",
+                    self.inner.lease_keys(id, revision),
+                )
+                .await
+            }
+
+            async fn expired_leases(
+                &mut self,
+                now: i64,
+                limit: i64,
+            ) -> backend::Result<Vec<LeaseRow>> {
+                timed(
+                    &self.metrics,
+                    "expired_leases",
+                    self.inner.expired_leases(now, limit),
+                )
+                .await
+            }
+
+            async fn next_expiry(&mut self) -> backend::Result<Option<i64>> {
+                timed(&self.metrics, "next_expiry", self.inner.next_expiry()).await
+            }
+        }
+    };
+}
+
+instrumented_read_txn!(InstrumentedRead);
+instrumented_read_txn!(InstrumentedWrite);
+
+#[async_trait]
+impl WriteTxn for InstrumentedWrite {
+    async fn insert(&mut self, row: &LogRow) -> backend::Result<()> {
+        timed(&self.metrics, "insert", self.inner.insert(row)).await
+    }
+
+    async fn set_current_revision(&mut self, revision: i64) -> backend::Result<()> {
+        timed(
+            &self.metrics,
+            "set_current_revision",
+            self.inner.set_current_revision(revision),
+        )
+        .await
+    }
+
+    async fn set_compact_revision(&mut self, revision: i64) -> backend::Result<()> {
+        timed(
+            &self.metrics,
+            "set_compact_revision",
+            self.inner.set_compact_revision(revision),
+        )
+        .await
+    }
+
+    async fn insert_lease(&mut self, lease: &LeaseRow) -> backend::Result<bool> {
+        timed(
+            &self.metrics,
+            "insert_lease",
+            self.inner.insert_lease(lease),
+        )
+        .await
+    }
+
+    async fn set_lease_expiry(&mut self, id: i64, expires_at: i64) -> backend::Result<bool> {
+        timed(
+            &self.metrics,
+            "set_lease_expiry",
+            self.inner.set_lease_expiry(id, expires_at),
+        )
+        .await
+    }
+
+    async fn delete_lease(&mut self, id: i64) -> backend::Result<bool> {
+        timed(&self.metrics, "delete_lease", self.inner.delete_lease(id)).await
+    }
+
+    async fn savepoint(&mut self) -> backend::Result<()> {
+        timed(&self.metrics, "savepoint", self.inner.savepoint()).await
+    }
+
+    async fn release_savepoint(&mut self) -> backend::Result<()> {
+        timed(
+            &self.metrics,
+            "release_savepoint",
+            self.inner.release_savepoint(),
+        )
+        .await
+    }
+
+    async fn rollback_to_savepoint(&mut self) -> backend::Result<()> {
+        timed(
+            &self.metrics,
+            "rollback_to_savepoint",
+            self.inner.rollback_to_savepoint(),
+        )
+        .await
+    }
+
+    async fn commit(self: Box<Self>) -> backend::Result<()> {
+        let InstrumentedWrite { inner, metrics } = *self;
+        let started = Instant::now();
+        let result = inner.commit().await;
+        let elapsed = started.elapsed();
+        metrics.observe_sql("commit", elapsed, result.is_err());
+        if result.is_ok() {
+            metrics.inner.commit_seconds.observe(elapsed.as_secs_f64());
+        }
+        result
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn method(path: &str) -> Option<GrpcMethod> {
+        GRPC_METHODS.get(path).copied()
+    }
+
+    #[test]
+    fn methods_come_from_the_proto_with_their_stream_kinds() {
+        let range = method("/etcdserverpb.KV/Range").unwrap();
+        assert_eq!(
+            (range.service, range.method, range.kind),
+            ("etcdserverpb.KV", "Range", "unary")
+        );
+        assert_eq!(
+            method("/etcdserverpb.Watch/Watch").unwrap().kind,
+            "bidi_stream"
+        );
+        assert_eq!(
+            method("/etcdserverpb.Lease/LeaseKeepAlive").unwrap().kind,
+            "bidi_stream"
+        );
+        assert_eq!(
+            method("/etcdserverpb.Maintenance/Snapshot").unwrap().kind,
+            "server_stream"
+        );
+        assert_eq!(method("/etcdserverpb.Auth/UserAdd").unwrap().kind, "unary");
+        assert_eq!(
+            method("/grpc.health.v1.Health/Check").unwrap().kind,
+            "unary"
+        );
+        assert!(method("/etcdserverpb.KV/Nope").is_none());
+        assert!(method("/version").is_none());
+    }
+
+    #[test]
+    fn codes_have_grpc_go_names() {
+        assert_eq!(code_name(0), "OK");
+        assert_eq!(code_name(11), "OutOfRange");
+        assert_eq!(code_name(99), "Unknown");
+        let mut headers = http::HeaderMap::new();
+        headers.insert("grpc-status", http::HeaderValue::from_static("5"));
+        assert_eq!(grpc_status(&headers), Some("NotFound"));
+    }
+
+    #[test]
+    fn ops_are_counted_like_etcd() {
+        let metrics = Metrics::new("3.6.16");
+        metrics.record_ops(OpCounts {
+            puts: 1,
+            ..OpCounts::default()
+        });
+        let nested = TxnResponse {
+            succeeded: true,
+            responses: vec![OpResponse::Delete(Default::default())],
+        };
+        let txn = TxnResponse {
+            succeeded: true,
+            responses: vec![
+                OpResponse::Put(Default::default()),
+                OpResponse::Range(Default::default()),
+                OpResponse::Txn(nested),
+            ],
+        };
+        let counts = OpCounts::of_txn(&txn);
+        assert_eq!(
+            counts,
+            OpCounts {
+                ranges: 1,
+                puts: 1,
+                deletes: 1
+            }
+        );
+        metrics.record_ops(counts);
+        let text = metrics.encode();
+        assert!(text.contains("etcd_mvcc_put_total 2\n"), "{text}");
+        assert!(text.contains("etcd_mvcc_delete_total 1\n"), "{text}");
+        assert!(text.contains("etcd_mvcc_txn_total 1\n"), "{text}");
+        assert!(
+            text.contains("etcd_server_version{server_version=\"3.6.16\"} 1\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("etcd_cluster_version{cluster_version=\"3.6\"} 1\n"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn watcher_gauges_return_to_zero() {
+        let metrics = Metrics::new("3.6.16");
+        let mut a = metrics.watch_stream();
+        let mut b = metrics.watch_stream();
+        a.set(3, 1);
+        b.set(2, 2);
+        a.set(4, 0);
+        assert_eq!(metrics.inner.watchers.get(), 6);
+        assert_eq!(metrics.inner.slow_watchers.get(), 2);
+        assert_eq!(metrics.inner.watch_streams.get(), 2);
+        drop(a);
+        drop(b);
+        assert_eq!(metrics.inner.watchers.get(), 0);
+        assert_eq!(metrics.inner.slow_watchers.get(), 0);
+        assert_eq!(metrics.inner.watch_streams.get(), 0);
+    }
+
+    #[test]
+    fn commit_times_are_found_by_revision() {
+        let metrics = Metrics::new("3.6.16");
+        let observe = metrics.commit_observer();
+        observe(1, 5);
+        observe(3, 9);
+        // Revisions up to 5 may predate what is remembered; 6..=9 came with the second commit.
+        assert!(metrics.commit_time(5).is_none());
+        assert!(metrics.commit_time(6).is_some());
+        assert!(metrics.commit_time(9).is_some());
+        assert!(metrics.commit_time(10).is_none());
+        let text = metrics.encode();
+        assert!(
+            text.contains("etcdsql_write_batch_size_count 2\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("etcdsql_write_batch_size_sum 4.0\n"),
+            "{text}"
+        );
+    }
+}

@@ -1,0 +1,145 @@
+//! A PostgreSQL outage under load (PostgreSQL runs only): the local server is stopped and
+//! started again with `pg_ctlcluster` while writers and a watcher run. While it is down requests
+//! fail with `Unavailable`; afterwards etcdsql recovers by itself, nothing acknowledged is lost,
+//! and the watch stream carries on with no gap. Bounded: a fixed outage, a deadline on recovery.
+//!
+//! It stops the machine's PostgreSQL, so it runs in its own test binary (cargo runs binaries one
+//! at a time) and only when `ETCDSQL_TEST_OUTAGE=1` as well (test.sh sets it), never by accident.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use common::{TestServer, on_postgres};
+use etcd_client::{GetOptions, WatchOptions};
+use tonic::Code;
+
+/// Runs `pg_ctlcluster` on the machine's one cluster.
+fn pg_ctl(action: &str) {
+    let version = std::fs::read_dir("/etc/postgresql")
+        .expect("a Debian PostgreSQL cluster")
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .next()
+        .expect("a cluster version");
+    let status = Command::new("pg_ctlcluster")
+        .args(["--skip-systemctl-redirect", &version, "main", action])
+        .status()
+        .expect("pg_ctlcluster runs");
+    assert!(status.success(), "pg_ctlcluster {action} failed");
+}
+
+/// Starts PostgreSQL again however the test ends.
+struct RestartOnDrop;
+
+impl Drop for RestartOnDrop {
+    fn drop(&mut self) {
+        let _ = std::panic::catch_unwind(|| pg_ctl("start"));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_outage_loses_nothing_and_recovers_by_itself() {
+    if !on_postgres() || std::env::var("ETCDSQL_TEST_OUTAGE").as_deref() != Ok("1") {
+        eprintln!("skipped: needs ETCDSQL_TEST_BACKEND=postgres and ETCDSQL_TEST_OUTAGE=1");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start_with(dir.path(), |c| {
+        c.db_connect_timeout = Duration::from_secs(1);
+    })
+    .await;
+    let client = server.client().await;
+    let mut watch = client
+        .clone()
+        .watch("o/", Some(WatchOptions::new().with_prefix()))
+        .await
+        .unwrap();
+    watch.message().await.unwrap();
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let writers: Vec<_> = (0..4)
+        .map(|w| {
+            let mut c = client.clone();
+            let stop = stop.clone();
+            tokio::spawn(async move {
+                let (mut acked, mut unavailable) = (Vec::new(), 0);
+                for i in 0..100_000 {
+                    if stop.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    let key = format!("o/{w}/{i:06}");
+                    match c.put(key.clone(), "v", None).await {
+                        Ok(put) => acked.push((key, put.header().unwrap().revision())),
+                        Err(etcd_client::Error::GRpcStatus(s)) => {
+                            assert_eq!(s.code(), Code::Unavailable, "{s:?}");
+                            unavailable += 1;
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                        }
+                        Err(e) => panic!("unexpected error {e:?}"),
+                    }
+                }
+                (acked, unavailable)
+            })
+        })
+        .collect();
+
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let restart = RestartOnDrop;
+    pg_ctl("stop");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    pg_ctl("start");
+    drop(restart);
+    // Recovery: a write succeeds again within the deadline.
+    let mut c = client.clone();
+    let started = tokio::time::Instant::now();
+    while c.put("o/probe", "v", None).await.is_err() {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "etcdsql never recovered"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop.store(true, Ordering::Relaxed);
+
+    let mut acked = Vec::new();
+    let mut unavailable = 0;
+    for w in writers {
+        let (a, u) = w.await.unwrap();
+        acked.extend(a);
+        unavailable += u;
+    }
+    assert!(unavailable > 0, "requests failed while PostgreSQL was down");
+    let stored = c
+        .get("o/", Some(GetOptions::new().with_prefix().with_keys_only()))
+        .await
+        .unwrap();
+    let keys: BTreeSet<String> = stored
+        .kvs()
+        .iter()
+        .map(|kv| kv.key_str().unwrap().to_owned())
+        .collect();
+    for (key, _) in &acked {
+        assert!(keys.contains(key), "acknowledged {key} was lost");
+    }
+
+    // The watch stream went on through the outage: every revision from the first write to the
+    // last, in order, none missing.
+    let last = stored.header().unwrap().revision();
+    let mut revisions = Vec::new();
+    while revisions.last().copied().unwrap_or(0) < last {
+        let r = tokio::time::timeout(Duration::from_secs(30), watch.message())
+            .await
+            .expect("events after the outage")
+            .unwrap()
+            .unwrap();
+        revisions.extend(r.events().iter().map(|e| e.kv().unwrap().mod_revision()));
+    }
+    assert_eq!(revisions, (2..=last).collect::<Vec<_>>());
+    server.stop().await;
+}
