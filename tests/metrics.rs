@@ -194,6 +194,13 @@ async fn etcd_names_are_exposed_and_move_with_traffic() {
         .watch("w", Some(WatchOptions::new().with_prefix()))
         .await
         .unwrap();
+    // The watch starts "from now" only once created: write after that, not before.
+    let created = tokio::time::timeout(DEADLINE, watch.message())
+        .await
+        .expect("the created response in time")
+        .unwrap()
+        .unwrap();
+    assert!(created.created());
     c.put("w1", "x", None).await.unwrap();
     loop {
         let response = tokio::time::timeout(DEADLINE, watch.message())

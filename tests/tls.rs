@@ -283,9 +283,10 @@ async fn mtls_through_the_etcd_client_crate() {
     assert_eq!(got.kvs()[0].value(), b"1");
 
     let mut events = c.watch("/registry/b", None).await.unwrap();
+    // The watch starts "from now" once created: write only after the created response.
+    assert!(events.message().await.unwrap().unwrap().created());
     c.put("/registry/b", "2", None).await.unwrap();
     let event = loop {
-        // The first response only confirms the watch.
         let response = events.message().await.unwrap().unwrap();
         if !response.events().is_empty() {
             break response;
