@@ -434,6 +434,10 @@ async fn run_writer(
             break;
         }
         if let Ok(outcome) = write_batch(backend.as_ref(), &mut batch).await {
+            // Observers first: the watch hub, woken next, may look up this commit's time.
+            if let Some(observe) = stats.observer.get() {
+                observe(received, outcome.current);
+            }
             committed.send_if_modified(|current| {
                 let moved = outcome.current > *current;
                 *current = (*current).max(outcome.current);
@@ -442,9 +446,6 @@ async fn run_writer(
             let compact = outcome.compact;
             stats.batches.fetch_add(1, Ordering::Relaxed);
             stats.requests.fetch_add(received as u64, Ordering::Relaxed);
-            if let Some(observe) = stats.observer.get() {
-                observe(received, outcome.current);
-            }
             if let Some(compact) = compact {
                 compact_target.send_replace(compact);
             }
