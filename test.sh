@@ -24,6 +24,9 @@ fi
 export ETCDSQL_BIN="$PWD/target/debug/etcdsql"
 cargo build --locked
 cargo test --locked
+# The benchmark harness in its smoke size: proves it runs against etcd and etcdsql (no timings
+# are asserted); its tables go to a temporary folder.
+cargo test --locked --bench vs_etcd -- --smoke
 bash conformance/run.sh etcd
 bash conformance/run.sh etcdsql
 
