@@ -13,6 +13,9 @@ command -v protoc >/dev/null || need+=(protobuf-compiler) # the etcd-client test
 command -v etcd >/dev/null || need+=(etcd-server)          # the reference server
 command -v etcdctl >/dev/null || need+=(etcd-client)       # drives the conformance scenarios
 command -v psql >/dev/null || need+=(postgresql-client)     # checks and cleans the PostgreSQL server
+# Validates docker-compose.yml (this machine has no Docker engine; the v1 client can still parse).
+docker compose version >/dev/null 2>&1 || command -v docker-compose >/dev/null ||
+    need+=(docker-compose)
 if [ ${#need[@]} -gt 0 ]; then
     echo "installing ${need[*]}"
     sudo=""
@@ -21,12 +24,19 @@ if [ ${#need[@]} -gt 0 ]; then
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${need[@]}" >/dev/null
 fi
 
+if docker compose version >/dev/null 2>&1; then
+    docker compose -f docker-compose.yml config --quiet
+else
+    docker-compose -f docker-compose.yml config --quiet
+fi
+
 export ETCDSQL_BIN="$PWD/target/debug/etcdsql"
 cargo build --locked
 cargo test --locked
 # The benchmark harness in its smoke size: proves it runs against etcd and etcdsql (no timings
 # are asserted); its tables go to a temporary folder.
 cargo test --locked --bench vs_etcd -- --smoke
+cargo test --locked --bench scale -- --smoke --backends sqlite
 bash conformance/run.sh etcd
 bash conformance/run.sh etcdsql
 
@@ -49,6 +59,7 @@ if psql "$postgres/postgres" -Atqc 'SELECT 1' >/dev/null 2>&1; then
     ETCDSQL_TEST_BACKEND=postgres ETCDSQL_TEST_OUTAGE=$outage ETCDSQL_TEST_POSTGRES="$postgres" \
         cargo test --locked
     ETCDSQL_POSTGRES="$postgres" bash conformance/run.sh etcdsql
+    cargo test --locked --bench scale -- --smoke --backends postgres --postgres-url "$postgres"
     drop_test_databases
 elif [ "${ETCDSQL_REQUIRE_POSTGRES:-0}" = 1 ]; then
     echo "PostgreSQL is required (ETCDSQL_REQUIRE_POSTGRES=1) but $postgres is unreachable" >&2

@@ -10,6 +10,12 @@
 //! - A [`WriteTxn`] is exclusive: while it is open no other writer commits, so the revision it
 //!   reads as current is the one it will extend. Nothing it wrote is visible before `commit`.
 //! - Keys compare byte-wise, in every query and index.
+//! - Each stored row knows which later row of its key replaced it (`superseded_by`, set when
+//!   [`WriteTxn::insert`] writes a row whose `prev_revision` names it). Reads at a revision and
+//!   compaction rely on it, so a backend never reads "each key's newest row" by searching the
+//!   key's history: a read at the current revision walks one index of live rows, a read at an
+//!   older revision adds the few rows replaced since, and the cost of both grows with the rows
+//!   returned, not with the history kept.
 
 pub mod postgres;
 pub mod sqlite;
@@ -150,6 +156,8 @@ pub trait ReadTxn: Send {
 /// The exclusive write transaction. Dropping it without `commit` rolls everything back.
 #[async_trait]
 pub trait WriteTxn: ReadTxn {
+    /// Appends a row and marks the key's row at `row.prev_revision` (if not 0) as replaced by it;
+    /// `prev_revision` must name the key's newest row.
     async fn insert(&mut self, row: &LogRow) -> Result<()>;
     async fn set_current_revision(&mut self, revision: i64) -> Result<()>;
     async fn set_compact_revision(&mut self, revision: i64) -> Result<()>;

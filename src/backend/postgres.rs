@@ -151,18 +151,29 @@ async fn listen_for_commits(pool: PgPool, commits: watch::Sender<i64>) {
     }
 }
 
-/// "The newest row of each key in a range, as of revision `$rev`, if it is live." PostgreSQL
-/// wants every parameter used, so each range shape numbers its own: `$1` is the start key, then
-/// the end key if there is one, then the revision (and the limit).
-macro_rules! live_rows {
-    ($range:literal, $rev:literal) => {
+/// "The row of each key in a range that is visible at revision `$rev`, if it is live": still
+/// the key's newest row (the `kv_log_live` index), or replaced after `$rev` (the
+/// `kv_log_superseded` index); see the SQLite backend. PostgreSQL wants every parameter used, so
+/// each range shape numbers its own: `$1` is the start key, then the end key if there is one,
+/// then the revision (and the limit).
+macro_rules! visible_branches {
+    ($columns:expr, $range:literal, $rev:literal) => {
         concat!(
+            "SELECT ",
+            $columns,
             " FROM kv_log AS k WHERE ",
             $range,
-            " AND k.revision = (SELECT MAX(r.revision) FROM kv_log AS r \
-              WHERE r.name = k.name AND r.revision <= ",
+            " AND k.superseded_by IS NULL AND NOT k.deleted AND k.revision <= ",
             $rev,
-            ") AND NOT k.deleted"
+            " UNION ALL SELECT ",
+            $columns,
+            " FROM kv_log AS k WHERE ",
+            $range,
+            " AND k.superseded_by > ",
+            $rev,
+            " AND k.revision <= ",
+            $rev,
+            " AND NOT k.deleted"
         )
     };
 }
@@ -170,12 +181,17 @@ macro_rules! live_rows {
 macro_rules! scan_sql {
     ($value:literal, $range:literal, $rev:literal, $limit:literal) => {
         concat!(
-            "SELECT k.revision, k.sub, k.name, k.created, k.deleted, k.create_revision, \
-             k.prev_revision, k.version, k.lease, ",
-            $value,
-            ", NULL::bytea, k.old_lease",
-            live_rows!($range, $rev),
-            " ORDER BY k.name LIMIT ",
+            visible_branches!(
+                concat!(
+                    "k.revision, k.sub, k.name, k.created, k.deleted, k.create_revision, \
+                     k.prev_revision, k.version, k.lease, ",
+                    $value,
+                    " AS value, NULL::bytea AS old_value, k.old_lease"
+                ),
+                $range,
+                $rev
+            ),
+            " ORDER BY name LIMIT ",
             $limit
         )
     };
@@ -183,7 +199,11 @@ macro_rules! scan_sql {
 
 macro_rules! count_sql {
     ($range:literal, $rev:literal) => {
-        concat!("SELECT COUNT(*)", live_rows!($range, $rev))
+        concat!(
+            "SELECT COALESCE(SUM(n), 0)::bigint FROM (",
+            visible_branches!("COUNT(*) AS n", $range, $rev),
+            ") AS counts"
+        )
     };
 }
 
@@ -192,6 +212,33 @@ macro_rules! row_columns {
         "revision, sub, name, created, deleted, create_revision, prev_revision, version, lease, \
          value, old_value, old_lease"
     };
+}
+
+/// The statement behind [`ReadTxn::scan`], public so that `benches/scale` can show its plan.
+/// Parameters: `$1` start key, then the end key only for [`RangeEnd::Before`], then the
+/// revision and the limit (NULL for none).
+pub fn scan_query(end: &RangeEnd, keys_only: bool) -> &'static str {
+    match (end, keys_only) {
+        (RangeEnd::Single, false) => scan_sql!("k.value", "k.name = $1", "$2", "$3"),
+        (RangeEnd::Single, true) => scan_sql!("''::bytea", "k.name = $1", "$2", "$3"),
+        (RangeEnd::Unbounded, false) => scan_sql!("k.value", "k.name >= $1", "$2", "$3"),
+        (RangeEnd::Unbounded, true) => scan_sql!("''::bytea", "k.name >= $1", "$2", "$3"),
+        (RangeEnd::Before(_), false) => {
+            scan_sql!("k.value", "k.name >= $1 AND k.name < $2", "$3", "$4")
+        }
+        (RangeEnd::Before(_), true) => {
+            scan_sql!("''::bytea", "k.name >= $1 AND k.name < $2", "$3", "$4")
+        }
+    }
+}
+
+/// The statement behind [`ReadTxn::count`]; parameters as for [`scan_query`], without a limit.
+pub fn count_query(end: &RangeEnd) -> &'static str {
+    match end {
+        RangeEnd::Single => count_sql!("k.name = $1", "$2"),
+        RangeEnd::Unbounded => count_sql!("k.name >= $1", "$2"),
+        RangeEnd::Before(_) => count_sql!("k.name >= $1 AND k.name < $2", "$3"),
+    }
 }
 
 fn lease_row((id, ttl, expires_at): (i64, i64, i64)) -> LeaseRow {
@@ -254,16 +301,14 @@ impl Backend for PostgresBackend {
             .bind(WRITER_LOCK)
             .execute(&mut *tx)
             .await?;
-        let superseded = sqlx::query(
-            "DELETE FROM kv_log AS p USING kv_log AS s \
-             WHERE p.name = s.name AND p.revision = s.prev_revision \
-               AND s.revision > $1 AND s.revision <= $2 AND s.prev_revision > 0",
-        )
-        .bind(after)
-        .bind(through)
-        .execute(&mut *tx)
-        .await?
-        .rows_affected();
+        // The rules of the SQLite backend's compaction.
+        let superseded =
+            sqlx::query("DELETE FROM kv_log WHERE superseded_by > $1 AND superseded_by <= $2")
+                .bind(after)
+                .bind(through)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
         let tombstones =
             sqlx::query("DELETE FROM kv_log WHERE deleted AND revision >= $1 AND revision < $2")
                 .bind(after)
@@ -332,19 +377,7 @@ impl ReadTxn for PgTxn {
     }
 
     async fn scan(&mut self, scan: &Scan<'_>) -> Result<Vec<LogRow>> {
-        let sql = match (scan.end, scan.keys_only) {
-            (RangeEnd::Single, false) => scan_sql!("k.value", "k.name = $1", "$2", "$3"),
-            (RangeEnd::Single, true) => scan_sql!("''::bytea", "k.name = $1", "$2", "$3"),
-            (RangeEnd::Unbounded, false) => scan_sql!("k.value", "k.name >= $1", "$2", "$3"),
-            (RangeEnd::Unbounded, true) => scan_sql!("''::bytea", "k.name >= $1", "$2", "$3"),
-            (RangeEnd::Before(_), false) => {
-                scan_sql!("k.value", "k.name >= $1 AND k.name < $2", "$3", "$4")
-            }
-            (RangeEnd::Before(_), true) => {
-                scan_sql!("''::bytea", "k.name >= $1 AND k.name < $2", "$3", "$4")
-            }
-        };
-        let mut query = sqlx::query(sql).bind(scan.key);
+        let mut query = sqlx::query(scan_query(scan.end, scan.keys_only)).bind(scan.key);
         if let RangeEnd::Before(end) = scan.end {
             query = query.bind(end.as_slice());
         }
@@ -357,12 +390,7 @@ impl ReadTxn for PgTxn {
     }
 
     async fn count(&mut self, key: &[u8], end: &RangeEnd, revision: i64) -> Result<i64> {
-        let sql = match end {
-            RangeEnd::Single => count_sql!("k.name = $1", "$2"),
-            RangeEnd::Unbounded => count_sql!("k.name >= $1", "$2"),
-            RangeEnd::Before(_) => count_sql!("k.name >= $1 AND k.name < $2", "$3"),
-        };
-        let mut query = sqlx::query_scalar(sql).bind(key);
+        let mut query = sqlx::query_scalar(count_query(end)).bind(key);
         if let RangeEnd::Before(end) = end {
             query = query.bind(end.as_slice());
         }
@@ -414,12 +442,14 @@ impl ReadTxn for PgTxn {
     }
 
     async fn lease_keys(&mut self, id: i64, revision: i64) -> Result<Vec<LogRow>> {
-        // `k.lease <> 0` lets PostgreSQL use the partial index on leases.
+        // As in the SQLite backend: the lease's partial index (`k.lease <> 0` lets PostgreSQL
+        // use it), then the one visible row per key.
         let sql = concat!(
-            "SELECT k.revision, k.sub, k.name, k.created, k.deleted, k.create_revision, \
-             k.prev_revision, k.version, k.lease, k.value, k.old_value, k.old_lease",
-            live_rows!("k.lease = $1 AND k.lease <> 0", "$2"),
-            " ORDER BY k.name"
+            "SELECT ",
+            row_columns!(),
+            " FROM kv_log AS k WHERE k.lease = $1 AND k.lease <> 0 AND k.revision <= $2 \
+              AND (k.superseded_by IS NULL OR k.superseded_by > $2) AND NOT k.deleted \
+              ORDER BY k.name"
         );
         let rows = sqlx::query(sql)
             .bind(id)
@@ -471,6 +501,14 @@ impl WriteTxn for PgTxn {
             .bind(row.old_lease)
             .execute(&mut *self.0)
             .await?;
+        if row.prev_revision > 0 {
+            sqlx::query("UPDATE kv_log SET superseded_by = $1 WHERE name = $2 AND revision = $3")
+                .bind(row.revision)
+                .bind(&row.key)
+                .bind(row.prev_revision)
+                .execute(&mut *self.0)
+                .await?;
+        }
         Ok(())
     }
 

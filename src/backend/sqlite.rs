@@ -36,15 +36,26 @@ macro_rules! row_columns {
     };
 }
 
-/// "The newest row of each key in a range, as of revision ?3, if it is live." `$range` selects
-/// the keys (`?1` start, `?2` end).
-macro_rules! live_rows {
-    ($range:literal) => {
+/// "The row of each key in a range that is visible at revision ?3, if it is live." `$range`
+/// selects the keys (`?1` start, `?2` end). A visible row has `revision <= R` and was not yet
+/// replaced at R: either it is still the key's newest row (the `kv_log_live` index, which also
+/// drops tombstones) or it was replaced after R (the `kv_log_superseded` index, a handful of
+/// rows when R is recent). Each branch is one index range, so neither looks at older versions.
+macro_rules! visible_branches {
+    ($columns:expr, $range:literal, $superseded_index:expr) => {
         concat!(
-            " FROM kv_log AS k WHERE ",
+            "SELECT ",
+            $columns,
+            " FROM kv_log AS k INDEXED BY kv_log_live WHERE ",
             $range,
-            " AND k.revision = (SELECT MAX(r.revision) FROM kv_log AS r \
-              WHERE r.name = k.name AND r.revision <= ?3) AND k.deleted = 0"
+            " AND k.superseded_by IS NULL AND k.deleted = 0 AND k.revision <= ?3 \
+             UNION ALL SELECT ",
+            $columns,
+            " FROM kv_log AS k ",
+            $superseded_index,
+            " WHERE ",
+            $range,
+            " AND k.superseded_by > ?3 AND k.revision <= ?3 AND k.deleted = 0"
         )
     };
 }
@@ -52,22 +63,66 @@ macro_rules! live_rows {
 /// A scan in key order, at most `?4` rows. `$value` is `k.value`, or an empty blob for keys-only
 /// scans; `old_value` is never read, so large blobs stay on disk when unneeded.
 macro_rules! scan_sql {
-    ($value:literal, $range:literal) => {
+    ($value:literal, $range:literal, $superseded_index:expr) => {
         concat!(
-            "SELECT k.revision, k.sub, k.name, k.created, k.deleted, k.create_revision, \
-             k.prev_revision, k.version, k.lease, ",
-            $value,
-            ", NULL, k.old_lease",
-            live_rows!($range),
-            " ORDER BY k.name LIMIT ?4"
+            visible_branches!(
+                concat!(
+                    "k.revision, k.sub, k.name, k.created, k.deleted, k.create_revision, \
+                     k.prev_revision, k.version, k.lease, ",
+                    $value,
+                    " AS value, NULL, k.old_lease"
+                ),
+                $range,
+                $superseded_index
+            ),
+            " ORDER BY name LIMIT ?4"
         )
     };
 }
 
 macro_rules! count_sql {
-    ($range:literal) => {
-        concat!("SELECT COUNT(*)", live_rows!($range))
+    ($range:literal, $superseded_index:expr) => {
+        concat!(
+            "SELECT COALESCE(SUM(n), 0) FROM (",
+            visible_branches!("COUNT(*) AS n", $range, $superseded_index),
+            ")"
+        )
     };
+}
+
+/// For a key range (not a single key), the rows replaced after R are found through their own
+/// index: SQLite's default estimates would otherwise walk every old version in the key range.
+macro_rules! by_superseded {
+    () => {
+        "INDEXED BY kv_log_superseded"
+    };
+}
+
+/// The statement behind [`ReadTxn::scan`], public so that `benches/scale` can show its plan.
+/// Parameters: `?1` start key, `?2` end key (ignored unless the end is a key), `?3` revision,
+/// `?4` limit (-1 for none).
+pub fn scan_query(end: &RangeEnd, keys_only: bool) -> &'static str {
+    match (end, keys_only) {
+        (RangeEnd::Single, false) => scan_sql!("k.value", "k.name = ?1", ""),
+        (RangeEnd::Single, true) => scan_sql!("x''", "k.name = ?1", ""),
+        (RangeEnd::Unbounded, false) => scan_sql!("k.value", "k.name >= ?1", by_superseded!()),
+        (RangeEnd::Unbounded, true) => scan_sql!("x''", "k.name >= ?1", by_superseded!()),
+        (RangeEnd::Before(_), false) => {
+            scan_sql!("k.value", "k.name >= ?1 AND k.name < ?2", by_superseded!())
+        }
+        (RangeEnd::Before(_), true) => {
+            scan_sql!("x''", "k.name >= ?1 AND k.name < ?2", by_superseded!())
+        }
+    }
+}
+
+/// The statement behind [`ReadTxn::count`]; parameters as for [`scan_query`], without a limit.
+pub fn count_query(end: &RangeEnd) -> &'static str {
+    match end {
+        RangeEnd::Single => count_sql!("k.name = ?1", ""),
+        RangeEnd::Unbounded => count_sql!("k.name >= ?1", by_superseded!()),
+        RangeEnd::Before(_) => count_sql!("k.name >= ?1 AND k.name < ?2", by_superseded!()),
+    }
 }
 
 pub struct SqliteBackend {
@@ -162,21 +217,18 @@ impl Backend for SqliteBackend {
     async fn compact_window(&self, compact: i64, after: i64, through: i64) -> Result<u64> {
         debug_assert!(through <= compact);
         let mut tx = self.writer.begin_with("BEGIN IMMEDIATE").await?;
-        // Rows superseded by a change in (after, through]: no read at or above the compact
+        // Rows replaced by a change in (after, through]: no read at or above the compact
         // revision can see them, since their successor is at or below it.
-        let superseded = sqlx::query(
-            "DELETE FROM kv_log WHERE rowid IN ( \
-                 SELECT p.rowid FROM kv_log AS s \
-                 JOIN kv_log AS p ON p.name = s.name AND p.revision = s.prev_revision \
-                 WHERE s.revision > ?1 AND s.revision <= ?2 AND s.prev_revision > 0)",
-        )
-        .bind(after)
-        .bind(through)
-        .execute(&mut *tx)
-        .await?
-        .rows_affected();
+        let superseded =
+            sqlx::query("DELETE FROM kv_log WHERE superseded_by > ?1 AND superseded_by <= ?2")
+                .bind(after)
+                .bind(through)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
         // Tombstones below the compact revision: a key that is absent needs no row to say so.
-        // The windows [after, through) tile [previous compact, compact) exactly.
+        // The windows [after, through) tile [previous compact, compact) exactly; a tombstone at
+        // the compact revision itself stays, as a watch from that revision must report it.
         let tombstones = sqlx::query(
             "DELETE FROM kv_log WHERE deleted = 1 AND revision >= ?1 AND revision < ?2",
         )
@@ -250,15 +302,7 @@ impl ReadTxn for SqliteTxn {
     }
 
     async fn scan(&mut self, scan: &Scan<'_>) -> Result<Vec<LogRow>> {
-        let sql = match (scan.end, scan.keys_only) {
-            (RangeEnd::Single, false) => scan_sql!("k.value", "k.name = ?1"),
-            (RangeEnd::Single, true) => scan_sql!("x''", "k.name = ?1"),
-            (RangeEnd::Unbounded, false) => scan_sql!("k.value", "k.name >= ?1"),
-            (RangeEnd::Unbounded, true) => scan_sql!("x''", "k.name >= ?1"),
-            (RangeEnd::Before(_), false) => scan_sql!("k.value", "k.name >= ?1 AND k.name < ?2"),
-            (RangeEnd::Before(_), true) => scan_sql!("x''", "k.name >= ?1 AND k.name < ?2"),
-        };
-        let rows = sqlx::query(sql)
+        let rows = sqlx::query(scan_query(scan.end, scan.keys_only))
             .bind(scan.key)
             .bind(end_key(scan.end))
             .bind(scan.revision)
@@ -269,12 +313,7 @@ impl ReadTxn for SqliteTxn {
     }
 
     async fn count(&mut self, key: &[u8], end: &RangeEnd, revision: i64) -> Result<i64> {
-        let sql = match end {
-            RangeEnd::Single => count_sql!("k.name = ?1"),
-            RangeEnd::Unbounded => count_sql!("k.name >= ?1"),
-            RangeEnd::Before(_) => count_sql!("k.name >= ?1 AND k.name < ?2"),
-        };
-        Ok(sqlx::query_scalar(sql)
+        Ok(sqlx::query_scalar(count_query(end))
             .bind(key)
             .bind(end_key(end))
             .bind(revision)
@@ -327,17 +366,18 @@ impl ReadTxn for SqliteTxn {
     }
 
     async fn lease_keys(&mut self, id: i64, revision: i64) -> Result<Vec<LogRow>> {
-        // `k.lease != 0` lets SQLite use the partial index on leases. `live_rows!` reads the
-        // revision from `?3`; `?2` (a range end elsewhere) is unused here.
+        // A lease holds few keys: its partial index finds every row that ever carried it, and
+        // the visibility test keeps the one row per key that is live at the revision.
+        // `k.lease != 0` lets SQLite use that index.
         let sql = concat!(
-            "SELECT k.revision, k.sub, k.name, k.created, k.deleted, k.create_revision, \
-             k.prev_revision, k.version, k.lease, k.value, k.old_value, k.old_lease",
-            live_rows!("k.lease = ?1 AND k.lease != 0"),
-            " ORDER BY k.name"
+            "SELECT ",
+            row_columns!(),
+            " FROM kv_log AS k WHERE k.lease = ?1 AND k.lease != 0 AND k.revision <= ?2 \
+              AND (k.superseded_by IS NULL OR k.superseded_by > ?2) AND k.deleted = 0 \
+              ORDER BY k.name"
         );
         let rows = sqlx::query(sql)
             .bind(id)
-            .bind(0)
             .bind(revision)
             .fetch_all(&mut *self.0)
             .await?;
@@ -394,6 +434,14 @@ impl WriteTxn for SqliteTxn {
             .bind(row.old_lease)
             .execute(&mut *self.0)
             .await?;
+        if row.prev_revision > 0 {
+            sqlx::query("UPDATE kv_log SET superseded_by = ?1 WHERE name = ?2 AND revision = ?3")
+                .bind(row.revision)
+                .bind(&row.key)
+                .bind(row.prev_revision)
+                .execute(&mut *self.0)
+                .await?;
+        }
         Ok(())
     }
 
