@@ -39,6 +39,7 @@ cargo test --locked --bench vs_etcd -- --smoke
 cargo test --locked --bench scale -- --smoke --backends sqlite
 bash conformance/run.sh etcd
 bash conformance/run.sh etcdsql
+bash conformance/kube-apiserver/run.sh sqlite
 
 postgres=${ETCDSQL_TEST_POSTGRES:-postgres://postgres@127.0.0.1:5432}
 # Drops the databases earlier test runs left (test-only names, never anything else).
@@ -59,6 +60,7 @@ if psql "$postgres/postgres" -Atqc 'SELECT 1' >/dev/null 2>&1; then
     ETCDSQL_TEST_BACKEND=postgres ETCDSQL_TEST_OUTAGE=$outage ETCDSQL_TEST_POSTGRES="$postgres" \
         cargo test --locked
     ETCDSQL_POSTGRES="$postgres" bash conformance/run.sh etcdsql
+    ETCDSQL_POSTGRES="$postgres" bash conformance/kube-apiserver/run.sh postgres
     cargo test --locked --bench scale -- --smoke --backends postgres --postgres-url "$postgres"
     drop_test_databases
 elif [ "${ETCDSQL_REQUIRE_POSTGRES:-0}" = 1 ]; then

@@ -348,10 +348,21 @@ async fn measure(
     };
     reads(0, "current").await?;
 
-    // Writes after `pinned`, then compaction at `pinned`: the whole older history goes.
+    // The same write load without compaction first, as the yardstick for the phase with it.
+    let quiet = Duration::from_secs(write_seconds.div_ceil(4));
+    let baseline = open_loop_updates(client.clone(), keys, write_rate, quiet).await?;
     println!(
-        "\nupdates at {write_rate}/s for {write_seconds} s; compaction at {pinned} (every older \
-         version) starts after 1 s, then every 5 s at 1,000 revisions behind the head\n"
+        "\n| updates at {write_rate}/s, no compaction | p50 ms | p99 ms | max ms |\n|---|--:|--:|--:|"
+    );
+    print_latency(
+        &format!("{} in {} s", baseline.len(), quiet.as_secs()),
+        &baseline,
+    );
+
+    // More writes after `pinned`, then compaction at `pinned`: the whole older history goes.
+    println!(
+        "\nCompaction at {pinned} (every older version) starts after 1 s, then every 5 s at \
+         1,000 revisions behind the head\n"
     );
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let writer = tokio::spawn(open_loop_updates(
@@ -397,13 +408,13 @@ async fn measure(
     let wait = Instant::now();
     let compactions = compactor.await??;
     println!(
-        "| writes | achieved/s | p50 ms | p99 ms | max ms |\n|---|--:|--:|--:|--:|\n| {} | {:.0} | {:.2} | {:.2} | {:.2} |\n",
-        latencies.len(),
-        latencies.len() as f64 / write_seconds as f64,
-        latencies.value_at_quantile(0.5) as f64 / 1000.0,
-        latencies.value_at_quantile(0.99) as f64 / 1000.0,
-        latencies.max() as f64 / 1000.0,
+        "| updates at {write_rate}/s, compaction running | p50 ms | p99 ms | max ms |\n|---|--:|--:|--:|"
     );
+    print_latency(
+        &format!("{} in {write_seconds} s", latencies.len()),
+        &latencies,
+    );
+    println!();
     println!("| compaction at | physical compaction took s |\n|--:|--:|");
     for (target, took) in &compactions {
         println!("| {target} | {:.2} |", took.as_secs_f64());
@@ -423,6 +434,15 @@ async fn measure(
     shutdown.cancel();
     running.wait().await?;
     explain(endpoint, fixture, behind).await
+}
+
+fn print_latency(what: &str, micros: &Histogram<u64>) {
+    println!(
+        "| {what} | {:.2} | {:.2} | {:.2} |",
+        micros.value_at_quantile(0.5) as f64 / 1000.0,
+        micros.value_at_quantile(0.99) as f64 / 1000.0,
+        micros.max() as f64 / 1000.0,
+    );
 }
 
 fn expect(ok: bool, what: &str) -> Result<(), Error> {

@@ -11,4 +11,5 @@ WHERE s.name = k.name AND s.revision = k.revision AND s.next IS NOT NULL;
 
 CREATE INDEX kv_log_live ON kv_log (name, revision) WHERE superseded_by IS NULL AND NOT deleted;
 
-CREATE INDEX kv_log_superseded ON kv_log (superseded_by) WHERE superseded_by IS NOT NULL;
+CREATE INDEX kv_log_superseded ON kv_log (superseded_by) INCLUDE (name, revision, deleted)
+    WHERE superseded_by IS NOT NULL;

@@ -14,5 +14,7 @@ UPDATE kv_log SET superseded_by = (
 CREATE INDEX kv_log_live ON kv_log (name, revision) WHERE superseded_by IS NULL AND deleted = 0;
 
 -- Rows replaced after a revision R: what a read at an older revision sees beside the live
--- index, and what compaction deletes (rows replaced at or below the compact revision).
-CREATE INDEX kv_log_superseded ON kv_log (superseded_by) WHERE superseded_by IS NOT NULL;
+-- index, and what compaction deletes (rows replaced at or below the compact revision). It
+-- carries what the read filters on, so counting at an older revision never touches the table.
+CREATE INDEX kv_log_superseded ON kv_log (superseded_by, name, revision, deleted)
+    WHERE superseded_by IS NOT NULL;

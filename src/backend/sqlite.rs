@@ -7,6 +7,12 @@
 //! which would break "an acknowledged write is never lost". Group commit in the MVCC layer keeps
 //! that to one fsync per batch rather than per request.
 //!
+//! Checkpoints (copying the WAL back into the database file, and fsyncing it) run on their own
+//! connection in the background, never inside a commit: SQLite's automatic checkpoint would make
+//! whichever write crossed the threshold wait for a whole checkpoint, the slowest step on a large
+//! database. A passive checkpoint never blocks the writer or readers; the WAL is reused from its
+//! start once a checkpoint has caught up.
+//!
 //! One etcdsql process owns the file: a second process writing the same file would be serialised
 //! by SQLite but its commits would not wake this process's watchers. Use PostgreSQL for several.
 
@@ -129,6 +135,25 @@ pub struct SqliteBackend {
     /// Exactly one connection: the single writer.
     writer: SqlitePool,
     readers: SqlitePool,
+    /// The background checkpoints' own connection, and their task (stopped on close).
+    checkpointer: SqlitePool,
+    checkpoints: tokio::task::JoinHandle<()>,
+}
+
+/// How often the background task checkpoints the WAL.
+const CHECKPOINT_INTERVAL: Duration = Duration::from_millis(100);
+
+/// Checkpoints the WAL every [`CHECKPOINT_INTERVAL`] until aborted.
+async fn run_checkpoints(pool: SqlitePool) {
+    loop {
+        tokio::time::sleep(CHECKPOINT_INTERVAL).await;
+        if let Err(e) = sqlx::query("PRAGMA wal_checkpoint(PASSIVE)")
+            .execute(&pool)
+            .await
+        {
+            tracing::warn!(error = %e, "WAL checkpoint failed; retrying");
+        }
+    }
 }
 
 impl SqliteBackend {
@@ -158,7 +183,7 @@ impl SqliteBackend {
             .min_connections(1)
             .idle_timeout(None)
             .max_lifetime(None)
-            .connect_with(base.clone())
+            .connect_with(base.clone().pragma("wal_autocheckpoint", "0"))
             .await?;
         MIGRATOR.run(&writer).await?;
         let cluster_id = rand::random::<u64>() >> 1 | 1;
@@ -170,9 +195,19 @@ impl SqliteBackend {
         let readers = SqlitePoolOptions::new()
             .max_connections((cores * 2).max(4) as u32)
             .idle_timeout(Some(Duration::from_secs(600)))
-            .connect_with(base.read_only(true))
+            .connect_with(base.clone().read_only(true))
             .await?;
-        Ok(Self { writer, readers })
+        let checkpointer = SqlitePoolOptions::new()
+            .max_connections(1)
+            .connect_with(base.pragma("wal_autocheckpoint", "0"))
+            .await?;
+        let checkpoints = tokio::spawn(run_checkpoints(checkpointer.clone()));
+        Ok(Self {
+            writer,
+            readers,
+            checkpointer,
+            checkpoints,
+        })
     }
 }
 
@@ -254,6 +289,8 @@ impl Backend for SqliteBackend {
     }
 
     async fn close(&self) {
+        self.checkpoints.abort();
+        self.checkpointer.close().await;
         self.readers.close().await;
         self.writer.close().await;
     }

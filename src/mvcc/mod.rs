@@ -49,6 +49,8 @@ const MAX_BATCH: usize = 512;
 /// Revisions per physical-compaction transaction: small enough that the writer waits only
 /// milliseconds for one.
 const COMPACTION_CHUNK: i64 = 1000;
+/// The least pause between two compaction chunks.
+const COMPACTION_REST: std::time::Duration = std::time::Duration::from_millis(1);
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -690,11 +692,23 @@ async fn run_compactor(
         let goal = *target.borrow_and_update();
         while done < goal && !shutdown.is_cancelled() {
             let through = (done + COMPACTION_CHUNK).min(goal);
+            let started = std::time::Instant::now();
             match backend.compact_window(goal, done, through).await {
                 Ok(removed) => {
                     tracing::debug!(through, removed, "compacted");
                     done = through;
                     compacted.send_replace(done);
+                    // Each chunk holds the writer's lock. Rest as long as the chunk took, so a
+                    // writer waiting for the lock gets it before the next chunk (a pool may hand
+                    // a just-released connection straight back to the task that released it):
+                    // writers wait for one chunk at most, and compaction still runs far faster
+                    // than writes can supersede rows.
+                    if done < goal {
+                        tokio::select! {
+                            () = tokio::time::sleep(started.elapsed().max(COMPACTION_REST)) => {}
+                            () = shutdown.cancelled() => return,
+                        }
+                    }
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "compaction failed; retrying");
