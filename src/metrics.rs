@@ -1040,6 +1040,17 @@ macro_rules! instrumented_read_txn {
                 timed(&self.metrics, "latest", self.inner.latest(key)).await
             }
 
+            async fn heads(&mut self) -> backend::Result<Vec<LogRow>> {
+                timed(&self.metrics, "heads", self.inner.heads()).await
+            }
+
+            async fn values_at(
+                &mut self,
+                rows: &[(&[u8], i64)],
+            ) -> backend::Result<Vec<Option<Vec<u8>>>> {
+                timed(&self.metrics, "values_at", self.inner.values_at(rows)).await
+            }
+
             async fn changes(&mut self, after: i64, through: i64) -> backend::Result<Vec<LogRow>> {
                 timed(&self.metrics, "changes", self.inner.changes(after, through)).await
             }
@@ -1088,6 +1099,10 @@ instrumented_read_txn!(InstrumentedWrite);
 impl WriteTxn for InstrumentedWrite {
     async fn insert(&mut self, row: &LogRow) -> backend::Result<()> {
         timed(&self.metrics, "insert", self.inner.insert(row)).await
+    }
+
+    async fn insert_rows(&mut self, rows: &[LogRow]) -> backend::Result<()> {
+        timed(&self.metrics, "insert_rows", self.inner.insert_rows(rows)).await
     }
 
     async fn set_current_revision(&mut self, revision: i64) -> backend::Result<()> {

@@ -955,6 +955,64 @@ async fn every_revision_of_a_random_history_reads_as_it_was() {
     server.stop().await;
 }
 
+/// Concurrent writers on a few shared keys, so that one group commit often changes the same key
+/// several times: every revision still reads back as the acknowledged puts say it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_updates_of_shared_keys_keep_every_revision_readable() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(dir.path()).await;
+    let mut writers = tokio::task::JoinSet::new();
+    for w in 0..8 {
+        let mut c = server.client().await;
+        writers.spawn(async move {
+            let mut acked = Vec::new();
+            for i in 0..40 {
+                let key = format!("/s/{}", (w + i) % 4);
+                let value = format!("{w}-{i}");
+                let put = c.put(key.as_str(), value.as_str(), None).await.unwrap();
+                acked.push((rev(put.header()), key, value));
+            }
+            acked
+        });
+    }
+    let mut acked: Vec<(i64, String, String)> = Vec::new();
+    while let Some(done) = writers.join_next().await {
+        acked.extend(done.unwrap());
+    }
+    acked.sort();
+    // 320 puts, one revision each, no gap.
+    let revisions: Vec<i64> = acked.iter().map(|a| a.0).collect();
+    assert_eq!(revisions, (2..2 + 320).collect::<Vec<_>>());
+    let mut c = server.client().await;
+    let mut state: std::collections::BTreeMap<&str, (i64, i64, i64, &str)> = Default::default();
+    for (revision, key, value) in &acked {
+        let entry = state.entry(key.as_str()).or_insert((*revision, 0, 0, ""));
+        *entry = (entry.0, *revision, entry.2 + 1, value.as_str());
+        let got = c
+            .get(
+                "/s/",
+                Some(GetOptions::new().with_prefix().with_revision(*revision)),
+            )
+            .await
+            .unwrap();
+        let want: Vec<common::Fields> = state
+            .iter()
+            .map(|(k, (create, modr, version, value))| {
+                (
+                    k.as_bytes().to_vec(),
+                    *create,
+                    *modr,
+                    *version,
+                    value.as_bytes().to_vec(),
+                    0,
+                )
+            })
+            .collect();
+        assert_eq!(fields(got.kvs()), want, "at revision {revision}");
+    }
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn data_revision_and_identity_survive_a_restart() {
     let dir = tempfile::tempdir().unwrap();

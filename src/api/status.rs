@@ -60,6 +60,7 @@ impl From<mvcc::Error> for Status {
                 Status::unavailable(format!("etcdserver: storage unavailable: {e}"))
             }
             mvcc::Error::ShuttingDown => Status::unavailable("etcdserver: server stopped"),
+            e @ mvcc::Error::IndexOutOfSync { .. } => Status::internal(format!("etcdserver: {e}")),
         }
     }
 }

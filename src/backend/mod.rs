@@ -140,6 +140,12 @@ pub trait ReadTxn: Send {
     async fn count(&mut self, key: &[u8], end: &RangeEnd, revision: i64) -> Result<i64>;
     /// The newest row of `key`, tombstone or not.
     async fn latest(&mut self, key: &[u8]) -> Result<Option<LogRow>>;
+    /// The newest row of every key in the log, tombstones included, in no particular order;
+    /// `value` and `old_value` are left empty (the writer's key index needs only the rest).
+    async fn heads(&mut self) -> Result<Vec<LogRow>>;
+    /// The values of the rows `(key, revision)`, in the order asked; `None` where there is no
+    /// such row. One round trip for many keys, so the writer fetches a batch's old values at once.
+    async fn values_at(&mut self, rows: &[(&[u8], i64)]) -> Result<Vec<Option<Vec<u8>>>>;
     /// Every change with a revision in `(after, through]`, in revision and sub-revision order,
     /// `old_value` included (the watch hub's prev_kv).
     async fn changes(&mut self, after: i64, through: i64) -> Result<Vec<LogRow>>;
@@ -159,6 +165,14 @@ pub trait WriteTxn: ReadTxn {
     /// Appends a row and marks the key's row at `row.prev_revision` (if not 0) as replaced by it;
     /// `prev_revision` must name the key's newest row.
     async fn insert(&mut self, row: &LogRow) -> Result<()>;
+    /// Inserts rows as [`WriteTxn::insert`] would, one after another, in as few statements as
+    /// the database allows.
+    async fn insert_rows(&mut self, rows: &[LogRow]) -> Result<()> {
+        for row in rows {
+            self.insert(row).await?;
+        }
+        Ok(())
+    }
     async fn set_current_revision(&mut self, revision: i64) -> Result<()>;
     async fn set_compact_revision(&mut self, revision: i64) -> Result<()>;
     /// Stores a new lease; `false` if its id is taken.

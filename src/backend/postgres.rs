@@ -415,6 +415,39 @@ impl ReadTxn for PgTxn {
         row.as_ref().map(decode_row).transpose()
     }
 
+    async fn heads(&mut self) -> Result<Vec<LogRow>> {
+        let rows = sqlx::query(
+            "SELECT DISTINCT ON (name) revision, sub, name, created, deleted, create_revision, \
+             prev_revision, version, lease, ''::bytea, NULL::bytea, old_lease \
+             FROM kv_log ORDER BY name, revision DESC",
+        )
+        .fetch_all(&mut *self.0)
+        .await?;
+        rows.iter().map(decode_row).collect()
+    }
+
+    async fn values_at(&mut self, rows: &[(&[u8], i64)]) -> Result<Vec<Option<Vec<u8>>>> {
+        let keys: Vec<Vec<u8>> = rows.iter().map(|(key, _)| key.to_vec()).collect();
+        let revisions: Vec<i64> = rows.iter().map(|(_, revision)| *revision).collect();
+        let found: Vec<(i64, Vec<u8>)> = sqlx::query_as(
+            "SELECT w.i, k.value \
+             FROM unnest($1::bytea[], $2::bigint[]) WITH ORDINALITY AS w(name, revision, i) \
+             JOIN kv_log AS k ON k.name = w.name AND k.revision = w.revision",
+        )
+        .bind(keys)
+        .bind(revisions)
+        .fetch_all(&mut *self.0)
+        .await?;
+        let mut values = vec![None; rows.len()];
+        for (i, value) in found {
+            // ORDINALITY counts from 1.
+            if let Some(slot) = usize::try_from(i - 1).ok().and_then(|i| values.get_mut(i)) {
+                *slot = Some(value);
+            }
+        }
+        Ok(values)
+    }
+
     async fn changes(&mut self, after: i64, through: i64) -> Result<Vec<LogRow>> {
         let sql = concat!(
             "SELECT ",
@@ -513,6 +546,56 @@ impl WriteTxn for PgTxn {
                 .bind(row.prev_revision)
                 .execute(&mut *self.0)
                 .await?;
+        }
+        Ok(())
+    }
+
+    async fn insert_rows(&mut self, rows: &[LogRow]) -> Result<()> {
+        // One statement for the whole batch: a round trip to the server per row would cost more
+        // than the inserts themselves.
+        let sql = concat!(
+            "INSERT INTO kv_log (",
+            row_columns!(),
+            ") SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::bytea[], $4::boolean[], \
+             $5::boolean[], $6::bigint[], $7::bigint[], $8::bigint[], $9::bigint[], $10::bytea[], \
+             $11::bytea[], $12::bigint[])"
+        );
+        if rows.is_empty() {
+            return Ok(());
+        }
+        sqlx::query(sql)
+            .bind(rows.iter().map(|r| r.revision).collect::<Vec<_>>())
+            .bind(rows.iter().map(|r| r.sub).collect::<Vec<_>>())
+            .bind(rows.iter().map(|r| r.key.clone()).collect::<Vec<_>>())
+            .bind(rows.iter().map(|r| r.created).collect::<Vec<_>>())
+            .bind(rows.iter().map(|r| r.deleted).collect::<Vec<_>>())
+            .bind(rows.iter().map(|r| r.create_revision).collect::<Vec<_>>())
+            .bind(rows.iter().map(|r| r.prev_revision).collect::<Vec<_>>())
+            .bind(rows.iter().map(|r| r.version).collect::<Vec<_>>())
+            .bind(rows.iter().map(|r| r.lease).collect::<Vec<_>>())
+            .bind(rows.iter().map(|r| r.value.clone()).collect::<Vec<_>>())
+            .bind(rows.iter().map(|r| r.old_value.clone()).collect::<Vec<_>>())
+            .bind(rows.iter().map(|r| r.old_lease).collect::<Vec<_>>())
+            .execute(&mut *self.0)
+            .await?;
+        // Then mark the rows these replaced (a row's predecessor may be in this batch).
+        let replacing: Vec<&LogRow> = rows.iter().filter(|r| r.prev_revision > 0).collect();
+        if !replacing.is_empty() {
+            sqlx::query(
+                "UPDATE kv_log AS k SET superseded_by = u.revision \
+                 FROM unnest($1::bigint[], $2::bytea[], $3::bigint[]) AS u(revision, name, prev) \
+                 WHERE k.name = u.name AND k.revision = u.prev",
+            )
+            .bind(replacing.iter().map(|r| r.revision).collect::<Vec<_>>())
+            .bind(replacing.iter().map(|r| r.key.clone()).collect::<Vec<_>>())
+            .bind(
+                replacing
+                    .iter()
+                    .map(|r| r.prev_revision)
+                    .collect::<Vec<_>>(),
+            )
+            .execute(&mut *self.0)
+            .await?;
         }
         Ok(())
     }

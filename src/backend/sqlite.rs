@@ -1,6 +1,6 @@
 //! The SQLite backend: one database file in WAL mode.
 //!
-//! Writers go through a pool of exactly one connection, so "one write transaction at a time"
+//! Writers share exactly one connection, behind a mutex, so "one write transaction at a time"
 //! holds inside this process without relying on SQLite's busy handler; readers use their own
 //! read-only pool and, thanks to WAL, never block the writer or wait for it. `synchronous=FULL`
 //! makes a committed transaction survive power loss: under WAL, NORMAL may lose the last commits,
@@ -18,13 +18,16 @@
 
 use std::path::Path;
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use sqlx::sqlite::{
-    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
+    SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
+    SqliteSynchronous,
 };
-use sqlx::{Sqlite, Transaction};
+use sqlx::{Connection, Row, Sqlite, Transaction};
+use tokio::sync::{Mutex, OwnedMappedMutexGuard, OwnedMutexGuard};
 
 use super::{
     Backend, DbSize, Error, LeaseRow, LogRow, RangeEnd, ReadTxn, Result, Revisions, Scan, WriteTxn,
@@ -32,6 +35,12 @@ use super::{
 };
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
+
+/// Rows per multi-row INSERT: 12 parameters each stays under SQLite's oldest limit of 999
+/// parameters per statement.
+const INSERT_CHUNK: usize = 64;
+/// `(key, revision)` pairs per `values_at` statement (two parameters each).
+const VALUES_CHUNK: usize = 256;
 
 /// Columns of [`LogRow`] in the order `decode_row` reads them (a macro so that queries stay
 /// string literals).
@@ -132,8 +141,11 @@ pub fn count_query(end: &RangeEnd) -> &'static str {
 }
 
 pub struct SqliteBackend {
-    /// Exactly one connection: the single writer.
-    writer: SqlitePool,
+    /// The single writer's connection (write batches and compaction chunks take turns on it).
+    /// Held outside a pool because a pool hands it back through a spawned task that pings it,
+    /// a round trip to sqlx's worker thread: about a millisecond per batch under load, with
+    /// the writer idle meanwhile. `None` once closed.
+    writer: Arc<Mutex<Option<WriterConn>>>,
     readers: SqlitePool,
     /// The background checkpoints' own connection, and their task (stopped on close).
     checkpointer: SqlitePool,
@@ -154,6 +166,13 @@ async fn run_checkpoints(pool: SqlitePool) {
             tracing::warn!(error = %e, "WAL checkpoint failed; retrying");
         }
     }
+}
+
+struct WriterConn {
+    conn: SqliteConnection,
+    /// A write transaction was opened and not committed (dropped, or its COMMIT failed): it
+    /// must be rolled back before the next one begins.
+    open: bool,
 }
 
 impl SqliteBackend {
@@ -178,18 +197,13 @@ impl SqliteBackend {
             .busy_timeout(Duration::from_secs(10))
             .pragma("cache_size", "-32768")
             .pragma("temp_store", "memory");
-        let writer = SqlitePoolOptions::new()
-            .max_connections(1)
-            .min_connections(1)
-            .idle_timeout(None)
-            .max_lifetime(None)
-            .connect_with(base.clone().pragma("wal_autocheckpoint", "0"))
-            .await?;
-        MIGRATOR.run(&writer).await?;
+        let mut writer =
+            SqliteConnection::connect_with(&base.clone().pragma("wal_autocheckpoint", "0")).await?;
+        MIGRATOR.run(&mut writer).await?;
         let cluster_id = rand::random::<u64>() >> 1 | 1;
         sqlx::query("INSERT OR IGNORE INTO meta (name, value) VALUES ('cluster_id', ?)")
             .bind(cluster_id as i64)
-            .execute(&writer)
+            .execute(&mut writer)
             .await?;
         let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
         let readers = SqlitePoolOptions::new()
@@ -203,26 +217,46 @@ impl SqliteBackend {
             .await?;
         let checkpoints = tokio::spawn(run_checkpoints(checkpointer.clone()));
         Ok(Self {
-            writer,
+            writer: Arc::new(Mutex::new(Some(WriterConn {
+                conn: writer,
+                open: false,
+            }))),
             readers,
             checkpointer,
             checkpoints,
         })
+    }
+
+    /// Waits for the writer connection and opens a write transaction on it.
+    async fn begin_write(&self) -> Result<SqliteTxn> {
+        let writer = self.writer.clone().lock_owned().await;
+        let Ok(mut conn) = OwnedMutexGuard::try_map(writer, Option::as_mut) else {
+            return Err(sqlx::Error::PoolClosed.into());
+        };
+        if conn.open {
+            // Fails only if SQLite already ended that transaction itself; if the connection is
+            // broken, BEGIN below says so.
+            let _ = sqlx::query("ROLLBACK").execute(&mut conn.conn).await;
+            conn.open = false;
+        }
+        // IMMEDIATE takes SQLite's write lock now rather than at the first write, so the current
+        // revision read at the start cannot be overtaken by another writer.
+        sqlx::query("BEGIN IMMEDIATE")
+            .execute(&mut conn.conn)
+            .await?;
+        conn.open = true;
+        Ok(SqliteTxn(Conn::Write(conn)))
     }
 }
 
 #[async_trait]
 impl Backend for SqliteBackend {
     async fn read(&self) -> Result<Box<dyn ReadTxn>> {
-        Ok(Box::new(SqliteTxn(self.readers.begin().await?)))
+        Ok(Box::new(SqliteTxn(Conn::Read(self.readers.begin().await?))))
     }
 
     async fn write(&self) -> Result<Box<dyn WriteTxn>> {
-        // IMMEDIATE takes SQLite's write lock now rather than at the first write, so the current
-        // revision read at the start cannot be overtaken by another writer.
-        Ok(Box::new(SqliteTxn(
-            self.writer.begin_with("BEGIN IMMEDIATE").await?,
-        )))
+        Ok(Box::new(self.begin_write().await?))
     }
 
     async fn cluster_id(&self) -> Result<u64> {
@@ -251,14 +285,14 @@ impl Backend for SqliteBackend {
 
     async fn compact_window(&self, compact: i64, after: i64, through: i64) -> Result<u64> {
         debug_assert!(through <= compact);
-        let mut tx = self.writer.begin_with("BEGIN IMMEDIATE").await?;
+        let mut tx = self.begin_write().await?;
         // Rows replaced by a change in (after, through]: no read at or above the compact
         // revision can see them, since their successor is at or below it.
         let superseded =
             sqlx::query("DELETE FROM kv_log WHERE superseded_by > ?1 AND superseded_by <= ?2")
                 .bind(after)
                 .bind(through)
-                .execute(&mut *tx)
+                .execute(tx.conn())
                 .await?
                 .rows_affected();
         // Tombstones below the compact revision: a key that is absent needs no row to say so.
@@ -269,14 +303,14 @@ impl Backend for SqliteBackend {
         )
         .bind(after)
         .bind(through)
-        .execute(&mut *tx)
+        .execute(tx.conn())
         .await?
         .rows_affected();
         sqlx::query("UPDATE meta SET value = MAX(value, ?1) WHERE name = 'compacted_through'")
             .bind(through)
-            .execute(&mut *tx)
+            .execute(tx.conn())
             .await?;
-        tx.commit().await?;
+        tx.commit_write().await?;
         Ok(superseded + tombstones)
     }
 
@@ -292,19 +326,46 @@ impl Backend for SqliteBackend {
         self.checkpoints.abort();
         self.checkpointer.close().await;
         self.readers.close().await;
-        self.writer.close().await;
+        // Waits for the batch at hand; a transaction left open is rolled back by closing.
+        if let Some(writer) = self.writer.lock().await.take() {
+            let _ = writer.conn.close().await;
+        }
     }
 }
 
-/// A transaction on either pool: reads and writes share their queries.
-struct SqliteTxn(Transaction<'static, Sqlite>);
+/// A read transaction from the pool, or the write transaction: they share their queries.
+struct SqliteTxn(Conn);
+
+enum Conn {
+    Read(Transaction<'static, Sqlite>),
+    Write(OwnedMappedMutexGuard<Option<WriterConn>, WriterConn>),
+}
 
 impl SqliteTxn {
+    fn conn(&mut self) -> &mut SqliteConnection {
+        match &mut self.0 {
+            Conn::Read(tx) => tx,
+            Conn::Write(writer) => &mut writer.conn,
+        }
+    }
+
+    /// Commits the write transaction; a read transaction just ends.
+    async fn commit_write(mut self) -> Result<()> {
+        match &mut self.0 {
+            Conn::Read(_) => {}
+            Conn::Write(writer) => {
+                sqlx::query("COMMIT").execute(&mut writer.conn).await?;
+                writer.open = false;
+            }
+        }
+        Ok(())
+    }
+
     async fn set_meta(&mut self, name: &str, value: i64) -> Result<()> {
         sqlx::query("UPDATE meta SET value = ?1 WHERE name = ?2")
             .bind(value)
             .bind(name)
-            .execute(&mut *self.0)
+            .execute(self.conn())
             .await?;
         Ok(())
     }
@@ -323,7 +384,7 @@ impl ReadTxn for SqliteTxn {
         let rows: Vec<(String, i64)> = sqlx::query_as(
             "SELECT name, value FROM meta WHERE name IN ('current_revision', 'compact_revision')",
         )
-        .fetch_all(&mut *self.0)
+        .fetch_all(self.conn())
         .await?;
         let mut revisions = Revisions {
             current: 1,
@@ -344,7 +405,7 @@ impl ReadTxn for SqliteTxn {
             .bind(end_key(scan.end))
             .bind(scan.revision)
             .bind(scan.limit.unwrap_or(-1))
-            .fetch_all(&mut *self.0)
+            .fetch_all(self.conn())
             .await?;
         rows.iter().map(decode_row).collect()
     }
@@ -354,7 +415,7 @@ impl ReadTxn for SqliteTxn {
             .bind(key)
             .bind(end_key(end))
             .bind(revision)
-            .fetch_one(&mut *self.0)
+            .fetch_one(self.conn())
             .await?)
     }
 
@@ -366,9 +427,54 @@ impl ReadTxn for SqliteTxn {
         );
         let row = sqlx::query(sql)
             .bind(key)
-            .fetch_optional(&mut *self.0)
+            .fetch_optional(self.conn())
             .await?;
         row.as_ref().map(decode_row).transpose()
+    }
+
+    async fn heads(&mut self) -> Result<Vec<LogRow>> {
+        // SQLite fills the bare columns of a MAX() aggregate from the row holding the maximum,
+        // so this reads the newest row of each key in one pass over the (name, revision) index.
+        let rows = sqlx::query(
+            "SELECT MAX(revision), sub, name, created, deleted, create_revision, prev_revision, \
+             version, lease, x'', NULL, old_lease FROM kv_log GROUP BY name",
+        )
+        .fetch_all(self.conn())
+        .await?;
+        rows.iter().map(decode_row).collect()
+    }
+
+    async fn values_at(&mut self, rows: &[(&[u8], i64)]) -> Result<Vec<Option<Vec<u8>>>> {
+        let mut values = vec![None; rows.len()];
+        for (chunk_no, chunk) in rows.chunks(VALUES_CHUNK).enumerate() {
+            // CROSS JOIN keeps the wanted rows as the outer loop, so each is one index lookup.
+            let mut sql = String::from("WITH w(i, n, r) AS (VALUES ");
+            for i in 0..chunk.len() {
+                if i > 0 {
+                    sql.push(',');
+                }
+                sql.push_str(&format!("({i}, ?, ?)"));
+            }
+            sql.push_str(
+                ") SELECT w.i, k.value FROM w CROSS JOIN kv_log AS k \
+                 ON k.name = w.n AND k.revision = w.r",
+            );
+            let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+            for (key, revision) in chunk {
+                query = query.bind(*key).bind(*revision);
+            }
+            for row in query.fetch_all(self.conn()).await? {
+                let i: i64 = row.try_get(0)?;
+                let value: Vec<u8> = row.try_get(1)?;
+                if let Some(slot) = usize::try_from(i)
+                    .ok()
+                    .and_then(|i| values.get_mut(chunk_no * VALUES_CHUNK + i))
+                {
+                    *slot = Some(value);
+                }
+            }
+        }
+        Ok(values)
     }
 
     async fn changes(&mut self, after: i64, through: i64) -> Result<Vec<LogRow>> {
@@ -380,7 +486,7 @@ impl ReadTxn for SqliteTxn {
         let rows = sqlx::query(sql)
             .bind(after)
             .bind(through)
-            .fetch_all(&mut *self.0)
+            .fetch_all(self.conn())
             .await?;
         rows.iter().map(decode_row).collect()
     }
@@ -389,7 +495,7 @@ impl ReadTxn for SqliteTxn {
         let row: Option<(i64, i64, i64)> =
             sqlx::query_as("SELECT id, ttl, expires_at FROM leases WHERE id = ?1")
                 .bind(id)
-                .fetch_optional(&mut *self.0)
+                .fetch_optional(self.conn())
                 .await?;
         Ok(row.map(lease_row))
     }
@@ -397,7 +503,7 @@ impl ReadTxn for SqliteTxn {
     async fn leases(&mut self) -> Result<Vec<LeaseRow>> {
         let rows: Vec<(i64, i64, i64)> =
             sqlx::query_as("SELECT id, ttl, expires_at FROM leases ORDER BY id")
-                .fetch_all(&mut *self.0)
+                .fetch_all(self.conn())
                 .await?;
         Ok(rows.into_iter().map(lease_row).collect())
     }
@@ -416,7 +522,7 @@ impl ReadTxn for SqliteTxn {
         let rows = sqlx::query(sql)
             .bind(id)
             .bind(revision)
-            .fetch_all(&mut *self.0)
+            .fetch_all(self.conn())
             .await?;
         rows.iter().map(decode_row).collect()
     }
@@ -428,14 +534,14 @@ impl ReadTxn for SqliteTxn {
         )
         .bind(now)
         .bind(limit)
-        .fetch_all(&mut *self.0)
+        .fetch_all(self.conn())
         .await?;
         Ok(rows.into_iter().map(lease_row).collect())
     }
 
     async fn next_expiry(&mut self) -> Result<Option<i64>> {
         Ok(sqlx::query_scalar("SELECT MIN(expires_at) FROM leases")
-            .fetch_one(&mut *self.0)
+            .fetch_one(self.conn())
             .await?)
     }
 }
@@ -469,15 +575,70 @@ impl WriteTxn for SqliteTxn {
             .bind(&row.value)
             .bind(&row.old_value)
             .bind(row.old_lease)
-            .execute(&mut *self.0)
+            .execute(self.conn())
             .await?;
         if row.prev_revision > 0 {
             sqlx::query("UPDATE kv_log SET superseded_by = ?1 WHERE name = ?2 AND revision = ?3")
                 .bind(row.revision)
                 .bind(&row.key)
                 .bind(row.prev_revision)
-                .execute(&mut *self.0)
+                .execute(self.conn())
                 .await?;
+        }
+        Ok(())
+    }
+
+    async fn insert_rows(&mut self, rows: &[LogRow]) -> Result<()> {
+        // Each statement is a round trip to sqlx's SQLite worker thread, which costs more than
+        // SQLite inserting the row: one multi-row INSERT per chunk.
+        for chunk in rows.chunks(INSERT_CHUNK) {
+            let mut sql =
+                String::from(concat!("INSERT INTO kv_log (", row_columns!(), ") VALUES "));
+            for i in 0..chunk.len() {
+                if i > 0 {
+                    sql.push(',');
+                }
+                sql.push_str("(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)");
+            }
+            let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+            for row in chunk {
+                query = query
+                    .bind(row.revision)
+                    .bind(row.sub)
+                    .bind(&row.key)
+                    .bind(row.created)
+                    .bind(row.deleted)
+                    .bind(row.create_revision)
+                    .bind(row.prev_revision)
+                    .bind(row.version)
+                    .bind(row.lease)
+                    .bind(&row.value)
+                    .bind(&row.old_value)
+                    .bind(row.old_lease);
+            }
+            query.execute(self.conn()).await?;
+            // Mark the rows these replaced, in one statement (after the insert: a row's
+            // predecessor may be an earlier row of the same chunk).
+            let replacing: Vec<&LogRow> = chunk.iter().filter(|r| r.prev_revision > 0).collect();
+            if replacing.is_empty() {
+                continue;
+            }
+            let mut sql = String::from("UPDATE kv_log SET superseded_by = v.column1 FROM (VALUES ");
+            for i in 0..replacing.len() {
+                if i > 0 {
+                    sql.push(',');
+                }
+                sql.push_str("(?, ?, ?)");
+            }
+            sql.push_str(") AS v WHERE kv_log.name = v.column2 AND kv_log.revision = v.column3");
+            let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+            for row in replacing {
+                query = query
+                    .bind(row.revision)
+                    .bind(&row.key)
+                    .bind(row.prev_revision);
+            }
+            query.execute(self.conn()).await?;
         }
         Ok(())
     }
@@ -498,7 +659,7 @@ impl WriteTxn for SqliteTxn {
         .bind(lease.id)
         .bind(lease.ttl)
         .bind(lease.expires_at)
-        .execute(&mut *self.0)
+        .execute(self.conn())
         .await?
         .rows_affected();
         Ok(inserted == 1)
@@ -508,7 +669,7 @@ impl WriteTxn for SqliteTxn {
         let updated = sqlx::query("UPDATE leases SET expires_at = ?1 WHERE id = ?2")
             .bind(expires_at)
             .bind(id)
-            .execute(&mut *self.0)
+            .execute(self.conn())
             .await?
             .rows_affected();
         Ok(updated == 1)
@@ -517,7 +678,7 @@ impl WriteTxn for SqliteTxn {
     async fn delete_lease(&mut self, id: i64) -> Result<bool> {
         let deleted = sqlx::query("DELETE FROM leases WHERE id = ?1")
             .bind(id)
-            .execute(&mut *self.0)
+            .execute(self.conn())
             .await?
             .rows_affected();
         Ok(deleted == 1)
@@ -525,27 +686,26 @@ impl WriteTxn for SqliteTxn {
 
     async fn savepoint(&mut self) -> Result<()> {
         sqlx::query("SAVEPOINT request")
-            .execute(&mut *self.0)
+            .execute(self.conn())
             .await?;
         Ok(())
     }
 
     async fn release_savepoint(&mut self) -> Result<()> {
-        sqlx::query("RELEASE request").execute(&mut *self.0).await?;
+        sqlx::query("RELEASE request").execute(self.conn()).await?;
         Ok(())
     }
 
     async fn rollback_to_savepoint(&mut self) -> Result<()> {
         // ROLLBACK TO keeps the savepoint open; release it so the next request starts clean.
         sqlx::query("ROLLBACK TO request")
-            .execute(&mut *self.0)
+            .execute(self.conn())
             .await?;
-        sqlx::query("RELEASE request").execute(&mut *self.0).await?;
+        sqlx::query("RELEASE request").execute(self.conn()).await?;
         Ok(())
     }
 
     async fn commit(self: Box<Self>) -> Result<()> {
-        self.0.commit().await?;
-        Ok(())
+        self.commit_write().await
     }
 }

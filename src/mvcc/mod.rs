@@ -7,13 +7,31 @@
 //! become visible in order: a reader sees either all of a revision or none of it.
 //!
 //! # Group commit
-//! Every write (Put, DeleteRange, Txn, Compact) is sent to the writer task. It takes all jobs
-//! waiting in its queue (up to [`MAX_BATCH`]), runs them one after another in one database
-//! transaction — each inside a savepoint, so a failing request rolls back alone — and commits
-//! once. Replies go out only after the commit, so an acknowledged write is durable, and a batch
-//! costs one fsync however many requests it holds. Conflicts cannot arise: each request sees the
-//! effects of the ones before it, exactly as if they had run one at a time.
+//! Every write (Put, DeleteRange, Txn, Compact, lease changes) is sent to the writer task. It
+//! takes all jobs waiting in its queue (up to [`MAX_BATCH`]), runs them one after another in one
+//! database transaction, and commits once. Replies go out only after the commit, so an
+//! acknowledged write is durable, and a batch costs one fsync however many requests it holds.
+//! Conflicts cannot arise: each request sees the effects of the ones before it, exactly as if
+//! they had run one at a time.
 //!
+//! # The writer's key index
+//! The writer keeps the metadata of every key's newest row in memory ([`index`]), so compares
+//! and a Put's bookkeeping need no SQL; new rows are buffered and inserted together, and the old
+//! values a batch's Puts need are fetched in one query. A typical batch is therefore a fixed
+//! handful of statements (begin, revisions, old values, insert, current revision, commit)
+//! rather than several per request. The invariants above still hold:
+//! - A failed request changes nothing: every error it can meet (a missing key for `ignore_*`, an
+//!   unknown lease, a compacted Range) is found before it writes to the database, and its rows
+//!   and index changes are dropped. Only a txn that reads with a Range after writing must put
+//!   its own rows into the database first, and it does so under a savepoint.
+//! - Each request sees the earlier ones: they updated the index and the batch's values at once,
+//!   and buffered rows are inserted before any SQL read of the log inside the batch.
+//! - The index matches the committed log: a batch's changes to it are undone unless the batch
+//!   commits, and at the start of each batch, inside the write transaction, the writer checks
+//!   that the database's current revision is the index's; rows another process committed
+//!   (PostgreSQL) are applied to the index, or it is reloaded if compaction may have removed
+//!   some of them.
+
 //! # Reads
 //! Range reads run on the backend's read snapshots, concurrently with the writer. They see every
 //! acknowledged write because replies follow commits.
@@ -26,6 +44,7 @@
 //! returns, so it may lag behind.
 
 pub mod compare;
+mod index;
 mod txn;
 pub mod types;
 
@@ -36,9 +55,10 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::backend::{self, Backend, DbSize, LeaseRow, ReadTxn, Revisions, Scan, WriteTxn};
+use crate::backend::{self, Backend, DbSize, LeaseRow, ReadTxn, Revisions, Scan};
 use compare::{fetch_limit, finish_range};
-use txn::TxnExec;
+use index::KeyIndex;
+use txn::{Batch, TxnExec};
 use types::{
     DeleteRequest, DeleteResponse, KeyValue, LeaseOp, LeaseOutcome, Op, OpResponse, PutRequest,
     PutResponse, RangeRequest, RangeResponse, Revisioned, TxnRequest, TxnResponse,
@@ -52,7 +72,8 @@ const COMPACTION_CHUNK: i64 = 1000;
 /// The least pause between two compaction chunks.
 const COMPACTION_REST: std::time::Duration = std::time::Duration::from_millis(1);
 
-#[derive(Debug, thiserror::Error)]
+/// Cloneable so that one failed batch can answer each of its requests with the same error.
+#[derive(Clone, Debug, thiserror::Error)]
 pub enum Error {
     #[error("mvcc: required revision has been compacted")]
     Compacted,
@@ -67,11 +88,23 @@ pub enum Error {
     LeaseExists,
     #[error(transparent)]
     Backend(Arc<backend::Error>),
+    /// The writer's key index named a row the log does not hold. The batch fails and the
+    /// index is reloaded before the next one; seeing this means a bug, or a database changed
+    /// behind etcdsql's back.
+    #[error("the key index is out of step with the log at {key:?}@{revision}; reloading it")]
+    IndexOutOfSync { key: String, revision: i64 },
     #[error("the store is shutting down")]
     ShuttingDown,
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
+
+impl Error {
+    /// Whether the error fails the whole batch rather than only the request that met it.
+    fn fails_batch(&self) -> bool {
+        matches!(self, Error::Backend(_) | Error::IndexOutOfSync { .. })
+    }
+}
 
 impl From<backend::Error> for Error {
     fn from(e: backend::Error) -> Self {
@@ -192,7 +225,12 @@ impl Store {
         shutdown: CancellationToken,
     ) -> Result<Self> {
         let (writes, queue) = mpsc::channel(4 * MAX_BATCH);
-        let start = backend.read().await?.revisions().await?;
+        let (start, index) = {
+            let mut snapshot = backend.read().await?;
+            let start = snapshot.revisions().await?;
+            let heads = snapshot.heads().await?;
+            (start, KeyIndex::load(heads, start.current))
+        };
         let compact_revision = start.compact;
         let (committed_tx, committed) = watch::channel(start.current);
         let (compact_target, target_rx) = watch::channel(compact_revision);
@@ -201,9 +239,13 @@ impl Store {
         let stats = Arc::new(WriteCounters::default());
         tracker.spawn(run_writer(
             backend.clone(),
+            index,
             queue,
-            compact_target,
-            committed_tx,
+            WriterSignals {
+                compacted: compacted.clone(),
+                compact_target,
+                committed: committed_tx,
+            },
             stats.clone(),
             shutdown.clone(),
         ));
@@ -417,15 +459,30 @@ impl Store {
     }
 }
 
+/// What the writer exchanges with the compactor and the watch hub.
+struct WriterSignals {
+    /// The compactor's progress: tombstones below it are gone from the log (and the index).
+    compacted: watch::Receiver<i64>,
+    /// Tells the compactor the compact revision a batch set.
+    compact_target: watch::Sender<i64>,
+    /// The newest committed revision, for the watch hub.
+    committed: watch::Sender<i64>,
+}
+
 /// The single writer: drains the queue in batches, one database transaction per batch.
 async fn run_writer(
     backend: Arc<dyn Backend>,
+    mut index: KeyIndex,
     mut queue: mpsc::Receiver<WriteJob>,
-    compact_target: watch::Sender<i64>,
-    committed: watch::Sender<i64>,
+    signals: WriterSignals,
     stats: Arc<WriteCounters>,
     shutdown: CancellationToken,
 ) {
+    let WriterSignals {
+        compacted,
+        compact_target,
+        committed,
+    } = signals;
     let mut batch = Vec::with_capacity(MAX_BATCH);
     loop {
         let received = tokio::select! {
@@ -435,7 +492,9 @@ async fn run_writer(
         if received == 0 {
             break;
         }
-        if let Ok(outcome) = write_batch(backend.as_ref(), &mut batch).await {
+        let compacted = *compacted.borrow();
+        if let Ok(outcome) = write_batch(backend.as_ref(), &mut index, compacted, &mut batch).await
+        {
             // Observers first: the watch hub, woken next, may look up this commit's time.
             if let Some(observe) = stats.observer.get() {
                 observe(received, outcome.current);
@@ -485,7 +544,7 @@ impl Outcome {
         fn answer<T>(reply: oneshot::Sender<Result<T>>, answer: Result<T>, batch: &BatchResult) {
             let answer = match batch {
                 Ok(_) => answer,
-                Err(e) => Err(Error::Backend(e.clone())),
+                Err(e) => Err(e.clone()),
             };
             // A caller that gave up waiting is no reason to stop answering the others.
             let _ = reply.send(answer);
@@ -499,7 +558,7 @@ impl Outcome {
 }
 
 /// What a committed batch changed, or why the batch did not commit.
-type BatchResult = std::result::Result<Committed, Arc<backend::Error>>;
+type BatchResult = std::result::Result<Committed, Error>;
 
 #[derive(Clone, Copy, Debug)]
 struct Committed {
@@ -512,10 +571,12 @@ struct Committed {
 /// Runs and commits one batch, then answers every job; `Err` if the batch did not commit.
 async fn write_batch(
     backend: &dyn Backend,
+    index: &mut KeyIndex,
+    compacted: i64,
     batch: &mut Vec<WriteJob>,
 ) -> std::result::Result<Committed, ()> {
     let mut outcomes = Vec::with_capacity(batch.len());
-    let result = apply_batch(backend, batch.drain(..), &mut outcomes).await;
+    let result = apply_batch(backend, index, compacted, batch.drain(..), &mut outcomes).await;
     if let Err(e) = &result {
         tracing::warn!(error = %e, requests = outcomes.len(), "write batch failed");
     }
@@ -526,36 +587,48 @@ async fn write_batch(
 }
 
 /// Applies the jobs in one transaction and commits it. The jobs' answers are pushed to
-/// `outcomes` as they run, but they stand only if this returns `Ok`; it returns the compact
-/// revision the batch set, if any.
+/// `outcomes` as they run, but they stand only if this returns `Ok`. The key index follows the
+/// database: after `Ok` it holds the batch's changes, after `Err` none of them.
 async fn apply_batch(
     backend: &dyn Backend,
+    index: &mut KeyIndex,
+    compacted: i64,
     jobs: impl Iterator<Item = WriteJob>,
     outcomes: &mut Vec<Outcome>,
 ) -> BatchResult {
     let jobs: Vec<WriteJob> = jobs.collect();
-    let mut tx = match backend.write().await {
+    let tx = match backend.write().await {
         Ok(tx) => tx,
         Err(e) => {
             outcomes.extend(jobs.into_iter().map(Outcome::failed));
-            return Err(Arc::new(e));
+            return Err(e.into());
         }
     };
     let mut pending = jobs.into_iter();
+    let mut batch = Batch::new(tx, index);
+    // Where the batch's own changes to the index begin (after bringing it up to date).
+    let mut batch_mark = None;
     let step: BatchResult = async {
-        let start = tx.revisions().await?;
+        let start = batch.tx.revisions().await?;
+        batch.sync_index(start, compacted).await?;
+        batch_mark = Some(batch.index.mark());
+        let txns = pending.as_slice().iter().filter_map(|job| match job {
+            WriteJob::Txn { req, .. } => Some(req),
+            WriteJob::Compact { .. } | WriteJob::Lease { .. } => None,
+        });
+        batch.prefetch(txns).await?;
         let (mut current, mut compact) = (start.current, start.compact);
         let mut compact_moved = None;
         for job in pending.by_ref() {
             match job {
                 WriteJob::Txn { req, reply } => {
-                    tx.savepoint().await?;
-                    let mut exec = TxnExec::new(tx.as_mut(), current, compact);
+                    batch.begin_request();
+                    let mut exec = TxnExec::new(&mut batch, current, compact);
                     let answer = exec.run(&req).await;
                     let wrote = exec.wrote();
                     let answer = match answer {
                         Ok(value) => {
-                            tx.release_savepoint().await?;
+                            batch.end_request(false).await?;
                             if wrote {
                                 current += 1;
                             }
@@ -564,34 +637,34 @@ async fn apply_batch(
                                 value,
                             })
                         }
-                        Err(Error::Backend(e)) => {
+                        Err(e) if e.fails_batch() => {
                             outcomes.push(Outcome::Txn(reply, Err(Error::ShuttingDown)));
                             return Err(e);
                         }
                         Err(e) => {
-                            tx.rollback_to_savepoint().await?;
+                            batch.end_request(true).await?;
                             Err(e)
                         }
                     };
                     outcomes.push(Outcome::Txn(reply, answer));
                 }
                 WriteJob::Lease { op, reply } => {
-                    tx.savepoint().await?;
+                    batch.begin_request();
                     let before = current;
-                    let answer = match apply_lease(tx.as_mut(), &op, &mut current, compact).await {
+                    let answer = match apply_lease(&mut batch, &op, &mut current, compact).await {
                         Ok(value) => {
-                            tx.release_savepoint().await?;
+                            batch.end_request(false).await?;
                             Ok(Revisioned {
                                 revision: current,
                                 value,
                             })
                         }
-                        Err(Error::Backend(e)) => {
+                        Err(e) if e.fails_batch() => {
                             outcomes.push(Outcome::Lease(reply, Err(Error::ShuttingDown)));
                             return Err(e);
                         }
                         Err(e) => {
-                            tx.rollback_to_savepoint().await?;
+                            batch.end_request(true).await?;
                             current = before;
                             Err(e)
                         }
@@ -604,7 +677,7 @@ async fn apply_batch(
                     } else if revision > current {
                         Err(Error::FutureRevision)
                     } else {
-                        tx.set_compact_revision(revision).await?;
+                        batch.tx.set_compact_revision(revision).await?;
                         compact = revision;
                         compact_moved = Some(revision);
                         Ok(current)
@@ -613,8 +686,9 @@ async fn apply_batch(
                 }
             }
         }
+        batch.flush().await?;
         if current != start.current {
-            tx.set_current_revision(current).await?;
+            batch.tx.set_current_revision(current).await?;
         }
         Ok(Committed {
             current,
@@ -622,10 +696,21 @@ async fn apply_batch(
         })
     }
     .await;
+    let tx = batch.into_tx();
     let committed = match step {
-        Ok(committed) => tx.commit().await.map(|()| committed).map_err(Arc::new),
+        Ok(committed) => tx.commit().await.map(|()| committed).map_err(Error::from),
         Err(e) => Err(e),
     };
+    match &committed {
+        Ok(committed) => index.commit(committed.current),
+        // Had the commit gone through after all (a connection lost while committing), the next
+        // batch finds the database ahead of the index and catches up.
+        Err(_) => {
+            if let Some(mark) = batch_mark {
+                index.rollback(mark);
+            }
+        }
+    }
     committed.inspect_err(|_| {
         // Jobs the failed batch never reached are answered with the same failure.
         outcomes.extend(pending.map(Outcome::failed));
@@ -633,46 +718,57 @@ async fn apply_batch(
 }
 
 /// Applies one lease change inside the writer's transaction; moves `current` past every
-/// revision it wrote (an expiry pass may write several).
+/// revision it wrote (an expiry pass may write several). Every error other than the backend's
+/// is found before anything is written.
 async fn apply_lease(
-    tx: &mut dyn WriteTxn,
+    batch: &mut Batch<'_>,
     op: &LeaseOp,
     current: &mut i64,
     compact: i64,
 ) -> Result<LeaseOutcome> {
     match op {
         LeaseOp::Grant(lease) => {
-            if tx.insert_lease(lease).await? {
+            if batch.tx.insert_lease(lease).await? {
                 Ok(LeaseOutcome::Granted)
             } else {
                 Err(Error::LeaseExists)
             }
         }
-        LeaseOp::KeepAlive { id, now } => match tx.lease(*id).await? {
+        LeaseOp::KeepAlive { id, now } => match batch.tx.lease(*id).await? {
             Some(lease) if lease.expires_at > *now => {
-                tx.set_lease_expiry(*id, now + lease.ttl * 1000).await?;
+                batch
+                    .tx
+                    .set_lease_expiry(*id, now + lease.ttl * 1000)
+                    .await?;
                 Ok(LeaseOutcome::KeptAlive(Some(lease.ttl)))
             }
             // Unknown, or run out and about to be revoked: too late to keep alive.
             _ => Ok(LeaseOutcome::KeptAlive(None)),
         },
         LeaseOp::Revoke(id) => {
-            revoke(tx, *id, current, compact).await?;
+            revoke(batch, *id, current, compact).await?;
             Ok(LeaseOutcome::Revoked)
         }
         LeaseOp::Expire { now, limit } => {
-            let due = tx.expired_leases(*now, *limit).await?;
+            let due = batch.tx.expired_leases(*now, *limit).await?;
+            let mut revoked = 0;
             for lease in &due {
-                revoke(tx, lease.id, current, compact).await?;
+                match revoke(batch, lease.id, current, compact).await {
+                    Ok(()) => revoked += 1,
+                    // Gone already (it was just listed, so this cannot happen): nothing to do,
+                    // and no reason to undo the revocations before it.
+                    Err(Error::LeaseNotFound) => {}
+                    Err(e) => return Err(e),
+                }
             }
-            Ok(LeaseOutcome::Expired(due.len()))
+            Ok(LeaseOutcome::Expired(revoked))
         }
     }
 }
 
 /// Revokes one lease in its own revision (none if it had no keys).
-async fn revoke(tx: &mut dyn WriteTxn, id: i64, current: &mut i64, compact: i64) -> Result<()> {
-    let mut exec = TxnExec::new(tx, *current, compact);
+async fn revoke(batch: &mut Batch<'_>, id: i64, current: &mut i64, compact: i64) -> Result<()> {
+    let mut exec = TxnExec::new(batch, *current, compact);
     exec.revoke(id).await?;
     if exec.wrote() {
         *current += 1;

@@ -1,27 +1,259 @@
-//! Executes one validated txn inside the writer's database transaction.
+//! Executes validated txns inside the writer's database transaction.
 //!
 //! Rules kept here, as etcd keeps them:
 //! - Compares are evaluated before any op runs; ops then run in order, and a later op (or a
 //!   nested txn's compare) sees what earlier ops of the same txn wrote.
 //! - Every change of the txn gets the same revision, `base + 1`, with increasing sub-revisions.
 //!   A txn that changes nothing (only reads, or deletes that matched nothing) takes no revision.
-//! - An error (a Put's `ignore_*` on a missing key) fails the whole txn; the caller rolls back
-//!   what it wrote.
+//! - An error (a Put's `ignore_*` on a missing key, a lease that does not exist, a Range at a
+//!   compacted revision) fails the whole txn, and nothing it did stays ([`Batch::end_request`]).
+//!
+//! # Where the answers come from
+//! Key metadata (exists? create revision, version, lease, newest row's revision) comes from the
+//! writer's [`KeyIndex`], which the rows of this batch update as they are written. Values come
+//! from the rows this batch wrote, kept in memory, or else from the database by `(key,
+//! revision)` — for a batch's Puts and single-key Deletes in one query up front
+//! ([`Batch::prefetch`]). New rows are buffered and inserted together ([`Batch::flush`]) before
+//! anything reads the log with SQL (a Range op, a lease's keys) and before the batch commits.
+//!
+//! Every error a request can fail with is found before it writes anything to the database,
+//! except when a txn reads with a Range after writing (its own rows must be inserted for SQL to
+//! see them): only then is the request wrapped in a savepoint, so a later error rolls it back.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 
-use crate::backend::{LogRow, Scan, WriteTxn};
+use crate::backend::{LogRow, RangeEnd, Revisions, Scan, WriteTxn};
 
 use super::compare::{evaluate, fetch_limit, finish_range};
+use super::index::{KeyIndex, KeyMeta, Mark};
 use super::types::{
-    DeleteRequest, DeleteResponse, KeyRange, KeyValue, Op, OpResponse, PutRequest, PutResponse,
-    RangeRequest, RangeResponse, TxnRequest, TxnResponse,
+    CompareTarget, DeleteRequest, DeleteResponse, KeyRange, KeyValue, Op, OpResponse, PutRequest,
+    PutResponse, RangeRequest, RangeResponse, TxnRequest, TxnResponse,
 };
 use super::{Error, Result};
 
-pub(crate) struct TxnExec<'a> {
-    tx: &'a mut dyn WriteTxn,
+/// The writer's state while it runs one batch.
+pub(crate) struct Batch<'a> {
+    pub(crate) tx: Box<dyn WriteTxn>,
+    pub(crate) index: &'a mut KeyIndex,
+    /// Rows written but not yet inserted, in revision and sub-revision order.
+    pending: Vec<LogRow>,
+    /// Where the running request's rows start in `pending`.
+    request_start: usize,
+    /// Where the running request began in the index, for rolling it back.
+    request_mark: Option<Mark>,
+    /// Whether the running request had to insert its own rows, under a savepoint.
+    savepoint: bool,
+    /// Values by `(key, revision)`: every row this batch wrote, and old values fetched ahead.
+    values: HashMap<(Vec<u8>, i64), Vec<u8>>,
+}
+
+impl<'a> Batch<'a> {
+    pub(crate) fn new(tx: Box<dyn WriteTxn>, index: &'a mut KeyIndex) -> Self {
+        Self {
+            tx,
+            index,
+            pending: Vec::new(),
+            request_start: 0,
+            request_mark: None,
+            savepoint: false,
+            values: HashMap::new(),
+        }
+    }
+
+    /// The transaction back, for committing it.
+    pub(crate) fn into_tx(self) -> Box<dyn WriteTxn> {
+        self.tx
+    }
+
+    /// Brings the index up to the database's state `now` (read inside this write transaction,
+    /// so nothing moves it meanwhile): applies what other processes committed since the index's
+    /// revision, or reloads the index when that is not possible. Then forgets tombstones that
+    /// physical compaction removed (`compacted`, this process's compactor's progress).
+    pub(crate) async fn sync_index(&mut self, now: Revisions, compacted: i64) -> Result<()> {
+        let known = self.index.revision();
+        if self.index.needs_reload() || now.current < known || now.compact > known {
+            // Behind a compaction, rows of the missing revisions may be gone (a deleted key's
+            // tombstone); going backwards means the database is not the one the index was
+            // built from. Either way only a fresh load is right.
+            tracing::info!(
+                index = known,
+                current = now.current,
+                compact = now.compact,
+                "reloading the key index"
+            );
+            let heads = self.tx.heads().await?;
+            *self.index = KeyIndex::load(heads, now.current);
+        } else if now.current > known {
+            let rows = self.tx.changes(known, now.current).await?;
+            for row in &rows {
+                self.index.apply(row);
+            }
+            self.index.commit(now.current);
+        }
+        self.index.prune_tombstones(compacted);
+        Ok(())
+    }
+
+    /// Fetches, in one query, the current values of the existing keys that the batch's txns
+    /// put, delete or read by name, so that those ops need no query of their own.
+    pub(crate) async fn prefetch<'r>(
+        &mut self,
+        txns: impl Iterator<Item = &'r TxnRequest>,
+    ) -> Result<()> {
+        fn keys<'r>(txn: &'r TxnRequest, out: &mut Vec<&'r [u8]>) {
+            for op in txn.success.iter().chain(&txn.failure) {
+                match op {
+                    Op::Put(put) => out.push(&put.key),
+                    Op::Delete(delete) if delete.range.end == RangeEnd::Single => {
+                        out.push(&delete.range.key);
+                    }
+                    Op::Range(range) if range.range.end == RangeEnd::Single => {
+                        out.push(&range.range.key);
+                    }
+                    Op::Txn(nested) => keys(nested, out),
+                    Op::Delete(_) | Op::Range(_) => {}
+                }
+            }
+        }
+        let mut wanted = Vec::new();
+        for txn in txns {
+            keys(txn, &mut wanted);
+        }
+        let wanted: Vec<(Vec<u8>, i64)> = wanted
+            .into_iter()
+            .filter_map(|key| {
+                let meta = self.index.live(key)?;
+                Some((key.to_vec(), meta.mod_revision))
+            })
+            .collect();
+        self.values_of(&wanted).await?;
+        Ok(())
+    }
+
+    /// The values of rows `(key, revision)` the index names as current: from memory, or else
+    /// from the database in one query.
+    async fn values_of(&mut self, rows: &[(Vec<u8>, i64)]) -> Result<Vec<Vec<u8>>> {
+        let missing: Vec<(&[u8], i64)> = rows
+            .iter()
+            .filter(|row| !self.values.contains_key(*row))
+            .map(|(key, revision)| (key.as_slice(), *revision))
+            .collect();
+        if !missing.is_empty() {
+            // Rows this batch wrote are all in `values`: what is missing was committed before
+            // the batch, so SQL has it whether or not `pending` was inserted yet.
+            let found = self.tx.values_at(&missing).await?;
+            for ((key, revision), value) in missing.iter().zip(found) {
+                let Some(value) = value else {
+                    self.index.invalidate();
+                    return Err(Error::IndexOutOfSync {
+                        key: String::from_utf8_lossy(key).into_owned(),
+                        revision: *revision,
+                    });
+                };
+                self.values.insert((key.to_vec(), *revision), value);
+            }
+        }
+        Ok(rows
+            .iter()
+            .map(|row| self.values.get(row).cloned().unwrap_or_default())
+            .collect())
+    }
+
+    /// The existing keys of a range with their values (or empty values if `with_values` is
+    /// false), in key order.
+    async fn live(&mut self, range: &KeyRange, with_values: bool) -> Result<Vec<KeyValue>> {
+        let metas: Vec<(Vec<u8>, KeyMeta)> = self
+            .index
+            .live_range(range)
+            .map(|(key, meta)| (key.clone(), *meta))
+            .collect();
+        if !with_values {
+            return Ok(metas
+                .into_iter()
+                .map(|(key, meta)| meta.to_kv(&key, Vec::new()))
+                .collect());
+        }
+        let wanted: Vec<(Vec<u8>, i64)> = metas
+            .iter()
+            .map(|(key, meta)| (key.clone(), meta.mod_revision))
+            .collect();
+        let values = self.values_of(&wanted).await?;
+        Ok(metas
+            .into_iter()
+            .zip(values)
+            .map(|((key, meta), value)| meta.to_kv(&key, value))
+            .collect())
+    }
+
+    /// Records a row: the index and later reads of this batch see it at once; the database
+    /// gets it at the next flush.
+    fn write(&mut self, row: LogRow) {
+        self.index.apply(&row);
+        if !row.deleted {
+            self.values
+                .insert((row.key.clone(), row.revision), row.value.clone());
+        }
+        self.pending.push(row);
+    }
+
+    /// Inserts the buffered rows, so that SQL reads in this transaction see them. If the running
+    /// request wrote some of them, they go in under a savepoint, since the request may still
+    /// fail.
+    pub(crate) async fn flush(&mut self) -> Result<()> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        let own = self.request_mark.is_some() && self.request_start < self.pending.len();
+        if own && !self.savepoint {
+            self.tx
+                .insert_rows(&self.pending[..self.request_start])
+                .await?;
+            self.tx.savepoint().await?;
+            self.savepoint = true;
+            self.tx
+                .insert_rows(&self.pending[self.request_start..])
+                .await?;
+        } else {
+            self.tx.insert_rows(&self.pending).await?;
+        }
+        self.pending.clear();
+        self.request_start = 0;
+        Ok(())
+    }
+
+    /// Starts a request: what it writes from now on can be undone by [`Batch::end_request`].
+    pub(crate) fn begin_request(&mut self) {
+        self.request_start = self.pending.len();
+        self.request_mark = Some(self.index.mark());
+        self.savepoint = false;
+    }
+
+    /// Ends a request; if it `failed`, undoes everything it wrote.
+    pub(crate) async fn end_request(&mut self, failed: bool) -> Result<()> {
+        let mark = self.request_mark.take();
+        if failed {
+            if let Some(mark) = mark {
+                self.index.rollback(mark);
+            }
+            self.pending.truncate(self.request_start);
+            if self.savepoint {
+                self.tx.rollback_to_savepoint().await?;
+            }
+        } else if self.savepoint {
+            self.tx.release_savepoint().await?;
+        }
+        self.savepoint = false;
+        self.request_start = self.pending.len();
+        Ok(())
+    }
+}
+
+/// One txn (or lease revocation) of a batch, at revision `base + 1` if it writes.
+pub(crate) struct TxnExec<'e, 'a> {
+    batch: &'e mut Batch<'a>,
     /// The revision before this txn.
     base: i64,
     compact: i64,
@@ -29,10 +261,10 @@ pub(crate) struct TxnExec<'a> {
     next_sub: i64,
 }
 
-impl<'a> TxnExec<'a> {
-    pub(crate) fn new(tx: &'a mut dyn WriteTxn, base: i64, compact: i64) -> Self {
+impl<'e, 'a> TxnExec<'e, 'a> {
+    pub(crate) fn new(batch: &'e mut Batch<'a>, base: i64, compact: i64) -> Self {
         Self {
-            tx,
+            batch,
             base,
             compact,
             next_sub: 0,
@@ -53,17 +285,15 @@ impl<'a> TxnExec<'a> {
         }
     }
 
-    pub(crate) fn run<'b>(
-        &'b mut self,
-        req: &'b TxnRequest,
-    ) -> Pin<Box<dyn Future<Output = Result<TxnResponse>> + Send + 'b>>
-    where
-        'a: 'b,
-    {
+    pub(crate) fn run<'f>(
+        &'f mut self,
+        req: &'f TxnRequest,
+    ) -> Pin<Box<dyn Future<Output = Result<TxnResponse>> + Send + 'f>> {
         Box::pin(async move {
             let mut succeeded = true;
             for compare in &req.compares {
-                let kvs = self.live(&compare.range, None, false).await?;
+                let with_values = matches!(compare.target, CompareTarget::Value(_));
+                let kvs = self.batch.live(&compare.range, with_values).await?;
                 if !evaluate(compare, &kvs) {
                     succeeded = false;
                     break;
@@ -90,41 +320,34 @@ impl<'a> TxnExec<'a> {
         })
     }
 
-    async fn live(
-        &mut self,
-        range: &KeyRange,
-        limit: Option<i64>,
-        keys_only: bool,
-    ) -> Result<Vec<KeyValue>> {
-        let revision = self.view();
-        let rows = self
-            .tx
-            .scan(&Scan {
-                key: &range.key,
-                end: &range.end,
-                revision,
-                limit,
-                keys_only,
-            })
-            .await?;
-        Ok(rows.into_iter().map(KeyValue::from_row).collect())
-    }
-
     async fn range(&mut self, req: &RangeRequest) -> Result<RangeResponse> {
         let view = self.view();
         let revision = super::resolve_read_revision(req.revision, view, self.compact)?;
-        let count = self
-            .tx
-            .count(&req.range.key, &req.range.end, revision)
-            .await?;
+        if revision == view && req.range.end == RangeEnd::Single {
+            // One key as it is now (kube-apiserver's "else read it back" branch): the index and
+            // the values this batch holds answer it without SQL.
+            let with_values = !req.keys_only && !req.count_only;
+            let kvs = self.batch.live(&req.range, with_values).await?;
+            let count = kvs.len() as i64;
+            if req.count_only {
+                return Ok(RangeResponse {
+                    count,
+                    ..RangeResponse::default()
+                });
+            }
+            return Ok(finish_range(req, kvs, count));
+        }
+        // SQL answers other Ranges (sorting, limits, counts, old revisions): it must see every row.
+        self.batch.flush().await?;
+        let tx = &mut self.batch.tx;
+        let count = tx.count(&req.range.key, &req.range.end, revision).await?;
         if req.count_only {
             return Ok(RangeResponse {
                 count,
                 ..RangeResponse::default()
             });
         }
-        let rows = self
-            .tx
+        let rows = tx
             .scan(&Scan {
                 key: &req.range.key,
                 end: &req.range.end,
@@ -144,47 +367,59 @@ impl<'a> TxnExec<'a> {
     }
 
     async fn put(&mut self, req: &PutRequest) -> Result<PutResponse> {
-        let latest = self.tx.latest(&req.key).await?;
-        let prev_revision = latest.as_ref().map_or(0, |row| row.revision);
-        let existing = latest.filter(|row| !row.deleted).map(KeyValue::from_row);
-        let value = match (&req.value, &existing) {
-            (Some(v), _) => v.clone(),
-            (None, Some(kv)) => kv.value.clone(),
+        let head = self.batch.index.get(&req.key).copied();
+        let prev_revision = head.map_or(0, |meta| meta.mod_revision);
+        let existing = head.filter(|meta| !meta.deleted);
+        if existing.is_none() && (req.value.is_none() || req.lease.is_none()) {
+            return Err(Error::KeyNotFound);
+        }
+        let lease = match (req.lease, existing) {
+            (Some(lease), _) => lease,
+            (None, Some(meta)) => meta.lease,
             (None, None) => return Err(Error::KeyNotFound),
         };
-        let lease = match (req.lease, &existing) {
-            (Some(l), _) => l,
-            (None, Some(kv)) => kv.lease,
-            (None, None) => return Err(Error::KeyNotFound),
-        };
-        if req.lease.is_some() && lease != 0 && self.tx.lease(lease).await?.is_none() {
+        if req.lease.is_some() && lease != 0 && self.batch.tx.lease(lease).await?.is_none() {
             return Err(Error::LeaseNotFound);
         }
+        // The old value goes into the row (a watch's prev_kv) even if this reply needs none.
+        let old_value = match existing {
+            Some(meta) => {
+                let wanted = [(req.key.clone(), meta.mod_revision)];
+                self.batch.values_of(&wanted).await?.pop()
+            }
+            None => None,
+        };
+        let value = match (&req.value, &old_value) {
+            (Some(v), _) => v.clone(),
+            (None, Some(old)) => old.clone(),
+            (None, None) => return Err(Error::KeyNotFound),
+        };
         let (revision, sub) = self.next_change();
-        let row = LogRow {
+        let prev_kv = match (existing, &old_value) {
+            (Some(meta), Some(old)) if req.prev_kv => Some(meta.to_kv(&req.key, old.clone())),
+            _ => None,
+        };
+        self.batch.write(LogRow {
             revision,
             sub,
             key: req.key.clone(),
             created: existing.is_none(),
             deleted: false,
-            create_revision: existing.as_ref().map_or(revision, |kv| kv.create_revision),
+            create_revision: existing.map_or(revision, |meta| meta.create_revision),
             prev_revision,
-            version: existing.as_ref().map_or(1, |kv| kv.version + 1),
+            version: existing.map_or(1, |meta| meta.version + 1),
             lease,
             value,
-            old_value: existing.as_ref().map(|kv| kv.value.clone()),
-            old_lease: existing.as_ref().map_or(0, |kv| kv.lease),
-        };
-        self.tx.insert(&row).await?;
-        Ok(PutResponse {
-            prev_kv: existing.filter(|_| req.prev_kv),
-        })
+            old_value,
+            old_lease: existing.map_or(0, |meta| meta.lease),
+        });
+        Ok(PutResponse { prev_kv })
     }
 
     async fn delete(&mut self, req: &DeleteRequest) -> Result<DeleteResponse> {
-        let doomed = self.live(&req.range, None, false).await?;
+        let doomed = self.batch.live(&req.range, true).await?;
         for kv in &doomed {
-            self.tombstone(kv).await?;
+            self.tombstone(kv);
         }
         Ok(DeleteResponse {
             deleted: doomed.len() as i64,
@@ -193,9 +428,9 @@ impl<'a> TxnExec<'a> {
     }
 
     /// Writes the deletion of a live key.
-    async fn tombstone(&mut self, kv: &KeyValue) -> Result<()> {
+    fn tombstone(&mut self, kv: &KeyValue) {
         let (revision, sub) = self.next_change();
-        let row = LogRow {
+        self.batch.write(LogRow {
             revision,
             sub,
             key: kv.key.clone(),
@@ -208,9 +443,7 @@ impl<'a> TxnExec<'a> {
             value: Vec::new(),
             old_value: Some(kv.value.clone()),
             old_lease: kv.lease,
-        };
-        self.tx.insert(&row).await?;
-        Ok(())
+        });
     }
 
     /// Deletes lease `id` and every key attached to it.
@@ -218,12 +451,16 @@ impl<'a> TxnExec<'a> {
     /// # Errors
     /// `LeaseNotFound` if the lease does not exist.
     pub(crate) async fn revoke(&mut self, id: i64) -> Result<()> {
-        if !self.tx.delete_lease(id).await? {
+        if !self.batch.tx.delete_lease(id).await? {
             return Err(Error::LeaseNotFound);
         }
-        let attached = self.tx.lease_keys(id, self.view()).await?;
+        // The attached keys come from SQL (the index has no lease → keys map): it must see
+        // every row written so far.
+        self.batch.flush().await?;
+        let view = self.view();
+        let attached = self.batch.tx.lease_keys(id, view).await?;
         for row in attached {
-            self.tombstone(&KeyValue::from_row(row)).await?;
+            self.tombstone(&KeyValue::from_row(row));
         }
         Ok(())
     }

@@ -1,0 +1,347 @@
+//! The writer's key index: the current metadata of every key, in memory.
+//!
+//! The writer evaluates compares and does a Put's bookkeeping (does the key exist, its create
+//! revision, version, lease, the revision its newest row has) against this index instead of
+//! asking SQL, so that a typical request costs no SQL statement of its own: its row is buffered
+//! and inserted with the rest of its batch. Values are not kept here; they stay in the database.
+//!
+//! # What it holds
+//! For every key whose newest row is still in the log: that row's revision (`mod_revision`,
+//! which is also the next row's `prev_revision`), create revision, version, lease, and whether
+//! it is a tombstone. The index is complete: a key it does not hold has no row in the log, and
+//! so is absent. Tombstones stay until physical compaction removes their rows
+//! ([`KeyIndex::prune_tombstones`]), so a key re-created after a deletion still names the
+//! tombstone as its previous row, exactly as the log does.
+//!
+//! # Coherence
+//! - The index describes the log as of [`KeyIndex::revision`]. The writer compares that with the
+//!   database's current revision each time it opens a write transaction; if another process
+//!   (PostgreSQL) committed meanwhile, the writer applies the rows of the missing revisions, or
+//!   reloads the index if compaction may have removed some of them.
+//! - Changes made while a batch runs are undoable: [`KeyIndex::apply`] records what it replaced,
+//!   [`KeyIndex::rollback`] restores the state of a [`Mark`] (a failed request, or a batch that
+//!   did not commit), and [`KeyIndex::commit`] forgets the record once the database committed.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::ops::Bound;
+
+use crate::backend::{LogRow, RangeEnd};
+
+use super::types::{KeyRange, KeyValue};
+
+/// What the index knows about one key: its newest row, without the value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct KeyMeta {
+    /// Revision of the newest row (a tombstone's own revision for a deleted key).
+    pub mod_revision: i64,
+    pub create_revision: i64,
+    /// Version after the newest put; for a tombstone, the version the key had when deleted.
+    pub version: i64,
+    pub lease: i64,
+    pub deleted: bool,
+}
+
+impl KeyMeta {
+    fn of(row: &LogRow) -> Self {
+        Self {
+            mod_revision: row.revision,
+            create_revision: row.create_revision,
+            version: row.version,
+            lease: row.lease,
+            deleted: row.deleted,
+        }
+    }
+
+    /// The key as a client sees it, with `value` filled in by the caller if needed.
+    pub fn to_kv(self, key: &[u8], value: Vec<u8>) -> KeyValue {
+        KeyValue {
+            key: key.to_vec(),
+            create_revision: self.create_revision,
+            mod_revision: self.mod_revision,
+            version: self.version,
+            value,
+            lease: self.lease,
+        }
+    }
+}
+
+/// A point [`KeyIndex::rollback`] returns to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Mark {
+    undo: usize,
+    tombstones: usize,
+}
+
+#[derive(Default)]
+pub(crate) struct KeyIndex {
+    keys: BTreeMap<Vec<u8>, KeyMeta>,
+    /// The log revision the committed part of the index describes.
+    revision: i64,
+    /// Tombstones in revision order, so pruning after physical compaction takes them from the
+    /// front instead of walking every key. An entry whose key has since been written again is
+    /// stale and skipped when pruned.
+    tombstones: VecDeque<(i64, Vec<u8>)>,
+    /// What each uncommitted `apply` replaced, newest last.
+    undo: Vec<(Vec<u8>, Option<KeyMeta>)>,
+    /// Set when the index was found to disagree with the log: it must be loaded afresh.
+    stale: bool,
+}
+
+impl KeyIndex {
+    /// Builds the index from the newest row of every key (values are not read) as of `revision`.
+    pub fn load(heads: impl IntoIterator<Item = LogRow>, revision: i64) -> Self {
+        let mut index = Self {
+            revision,
+            ..Self::default()
+        };
+        for row in heads {
+            if row.deleted {
+                index.tombstones.push_back((row.revision, row.key.clone()));
+            }
+            index.keys.insert(row.key.clone(), KeyMeta::of(&row));
+        }
+        index.tombstones.make_contiguous().sort_unstable();
+        index
+    }
+
+    /// The revision the index describes (uncommitted changes aside).
+    pub fn revision(&self) -> i64 {
+        self.revision
+    }
+
+    /// Marks the index as not to be trusted: the writer reloads it before the next batch.
+    pub fn invalidate(&mut self) {
+        self.stale = true;
+    }
+
+    pub fn needs_reload(&self) -> bool {
+        self.stale
+    }
+
+    /// The newest row of `key`, tombstone or not.
+    pub fn get(&self, key: &[u8]) -> Option<&KeyMeta> {
+        self.keys.get(key)
+    }
+
+    /// The key if it exists (its newest row is not a tombstone).
+    pub fn live(&self, key: &[u8]) -> Option<&KeyMeta> {
+        self.get(key).filter(|meta| !meta.deleted)
+    }
+
+    /// The existing keys of a range, in key order.
+    pub fn live_range<'a>(
+        &'a self,
+        range: &'a KeyRange,
+    ) -> Box<dyn Iterator<Item = (&'a Vec<u8>, &'a KeyMeta)> + 'a> {
+        let start = Bound::Included(range.key.as_slice());
+        let keys = match &range.end {
+            RangeEnd::Single => {
+                return Box::new(
+                    self.keys
+                        .get_key_value(range.key.as_slice())
+                        .into_iter()
+                        .filter(|(_, meta)| !meta.deleted),
+                );
+            }
+            // `BTreeMap::range` panics on a reversed range; such a range holds nothing.
+            _ if range.is_empty() => return Box::new(std::iter::empty()),
+            RangeEnd::Unbounded => self.keys.range::<[u8], _>((start, Bound::Unbounded)),
+            RangeEnd::Before(end) => self
+                .keys
+                .range::<[u8], _>((start, Bound::Excluded(end.as_slice()))),
+        };
+        Box::new(keys.filter(|(_, meta)| !meta.deleted))
+    }
+
+    /// Records a row written (or found written by another process) as its key's newest.
+    pub fn apply(&mut self, row: &LogRow) {
+        let replaced = self.keys.insert(row.key.clone(), KeyMeta::of(row));
+        self.undo.push((row.key.clone(), replaced));
+        if row.deleted {
+            self.tombstones.push_back((row.revision, row.key.clone()));
+        }
+    }
+
+    pub fn mark(&self) -> Mark {
+        Mark {
+            undo: self.undo.len(),
+            tombstones: self.tombstones.len(),
+        }
+    }
+
+    /// Undoes every `apply` since `mark`.
+    pub fn rollback(&mut self, mark: Mark) {
+        while self.undo.len() > mark.undo {
+            let Some((key, replaced)) = self.undo.pop() else {
+                break;
+            };
+            match replaced {
+                Some(meta) => self.keys.insert(key, meta),
+                None => self.keys.remove(&key),
+            };
+        }
+        self.tombstones.truncate(mark.tombstones);
+    }
+
+    /// Makes every change so far permanent: the database committed them as `revision`.
+    pub fn commit(&mut self, revision: i64) {
+        self.undo.clear();
+        self.revision = revision;
+    }
+
+    /// Forgets tombstones below `compacted`, whose rows physical compaction has removed: the log
+    /// no longer knows those keys, so neither does the index. Only between batches (marks would
+    /// no longer point at the right tombstones).
+    pub fn prune_tombstones(&mut self, compacted: i64) {
+        debug_assert!(self.undo.is_empty(), "pruning inside a batch");
+        while let Some((revision, _)) = self.tombstones.front() {
+            if *revision >= compacted {
+                break;
+            }
+            let Some((revision, key)) = self.tombstones.pop_front() else {
+                break;
+            };
+            // Stale entries (the key was written again since) leave the key alone.
+            if self
+                .keys
+                .get(&key)
+                .is_some_and(|meta| meta.deleted && meta.mod_revision == revision)
+            {
+                self.keys.remove(&key);
+            }
+        }
+    }
+
+    /// How many keys the index holds, tombstones included.
+    #[cfg(test)]
+    pub fn len(&self) -> usize {
+        self.keys.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn put(key: &str, revision: i64, create: i64, version: i64) -> LogRow {
+        LogRow {
+            revision,
+            sub: 0,
+            key: key.as_bytes().to_vec(),
+            created: version == 1,
+            deleted: false,
+            create_revision: create,
+            prev_revision: 0,
+            version,
+            lease: 0,
+            value: Vec::new(),
+            old_value: None,
+            old_lease: 0,
+        }
+    }
+
+    fn tombstone(key: &str, revision: i64) -> LogRow {
+        LogRow {
+            deleted: true,
+            ..put(key, revision, 1, 1)
+        }
+    }
+
+    fn keys(index: &KeyIndex, range: &KeyRange) -> Vec<String> {
+        index
+            .live_range(range)
+            .map(|(k, _)| String::from_utf8_lossy(k).into_owned())
+            .collect()
+    }
+
+    #[test]
+    fn load_keeps_tombstones_but_not_as_live() {
+        let index = KeyIndex::load([put("a", 2, 2, 1), tombstone("b", 4)], 4);
+        assert_eq!(index.revision(), 4);
+        assert_eq!(index.live(b"a").map(|m| m.mod_revision), Some(2));
+        assert!(index.live(b"b").is_none());
+        assert_eq!(index.get(b"b").map(|m| m.mod_revision), Some(4));
+        assert!(index.get(b"c").is_none());
+    }
+
+    #[test]
+    fn ranges_skip_tombstones_and_stay_in_key_order() {
+        let index = KeyIndex::load(
+            [
+                put("a", 2, 2, 1),
+                tombstone("b", 3),
+                put("c", 4, 4, 1),
+                put("d", 5, 5, 1),
+            ],
+            5,
+        );
+        let all = KeyRange::from_etcd(b"a".to_vec(), vec![0]);
+        assert_eq!(keys(&index, &all), ["a", "c", "d"]);
+        let some = KeyRange::from_etcd(b"b".to_vec(), b"d".to_vec());
+        assert_eq!(keys(&index, &some), ["c"]);
+        assert_eq!(
+            keys(&index, &KeyRange::single(b"b".to_vec())),
+            Vec::<String>::new()
+        );
+        assert_eq!(keys(&index, &KeyRange::single(b"d".to_vec())), ["d"]);
+        // A reversed range is empty rather than a panic.
+        let reversed = KeyRange::from_etcd(b"d".to_vec(), b"a".to_vec());
+        assert_eq!(keys(&index, &reversed), Vec::<String>::new());
+    }
+
+    #[test]
+    fn rollback_restores_what_a_mark_saw() {
+        let mut index = KeyIndex::load([put("a", 2, 2, 1)], 2);
+        let batch = index.mark();
+        index.apply(&put("a", 3, 2, 2));
+        let request = index.mark();
+        index.apply(&tombstone("a", 4));
+        index.apply(&put("b", 4, 4, 1));
+        index.rollback(request);
+        assert_eq!(index.live(b"a").map(|m| m.version), Some(2));
+        assert!(index.get(b"b").is_none());
+        index.rollback(batch);
+        assert_eq!(index.live(b"a").map(|m| m.mod_revision), Some(2));
+        assert_eq!(index.revision(), 2);
+        assert_eq!(index.len(), 1);
+    }
+
+    #[test]
+    fn commit_keeps_changes_and_moves_the_revision() {
+        let mut index = KeyIndex::default();
+        let mark = index.mark();
+        index.apply(&put("a", 2, 2, 1));
+        index.commit(2);
+        // A rollback to a mark from before the commit has nothing left to undo.
+        index.rollback(mark);
+        assert_eq!(index.live(b"a").map(|m| m.mod_revision), Some(2));
+        assert_eq!(index.revision(), 2);
+    }
+
+    #[test]
+    fn pruning_forgets_only_compacted_tombstones() {
+        let mut index = KeyIndex::load([tombstone("a", 3), tombstone("b", 6)], 6);
+        index.apply(&tombstone("c", 7));
+        // "d" is written again: its tombstone entry is stale and must not remove it.
+        index.apply(&tombstone("d", 8));
+        index.apply(&put("d", 9, 9, 1));
+        index.commit(9);
+        index.prune_tombstones(7);
+        assert!(index.get(b"a").is_none());
+        assert!(index.get(b"b").is_none());
+        assert!(index.get(b"c").is_some());
+        index.prune_tombstones(100);
+        assert!(index.get(b"c").is_none());
+        assert_eq!(index.live(b"d").map(|m| m.mod_revision), Some(9));
+    }
+
+    #[test]
+    fn a_rolled_back_tombstone_is_not_pruned_later() {
+        let mut index = KeyIndex::load([put("a", 2, 2, 1)], 2);
+        let mark = index.mark();
+        index.apply(&tombstone("a", 3));
+        index.rollback(mark);
+        index.prune_tombstones(100);
+        assert_eq!(index.live(b"a").map(|m| m.mod_revision), Some(2));
+    }
+}
