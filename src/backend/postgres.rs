@@ -183,20 +183,33 @@ macro_rules! visible_branches {
     };
 }
 
+/// A scan in key order, at most `$limit` rows. Each branch is ordered and limited on its own: the
+/// live branch then walks its index for just `$limit` keys, where a plan for the union as a whole
+/// may sort every live key of the range (a seq scan of the table at a million keys).
 macro_rules! scan_sql {
     ($value:literal, $range:literal, $rev:literal, $limit:literal) => {
         concat!(
-            visible_branches!(
-                concat!(
-                    "k.revision, k.sub, k.name, k.created, k.deleted, k.create_revision, \
-                     k.prev_revision, k.version, k.lease, ",
-                    $value,
-                    " AS value, NULL::bytea AS old_value, k.old_lease"
-                ),
-                $range,
-                $rev
-            ),
-            " ORDER BY name LIMIT ",
+            "(SELECT k.revision, k.sub, k.name, k.created, k.deleted, k.create_revision, \
+              k.prev_revision, k.version, k.lease, ",
+            $value,
+            " AS value, NULL::bytea AS old_value, k.old_lease FROM kv_log AS k WHERE ",
+            $range,
+            " AND k.superseded_by IS NULL AND NOT k.deleted AND k.revision <= ",
+            $rev,
+            " ORDER BY k.name LIMIT ",
+            $limit,
+            ") UNION ALL (SELECT k.revision, k.sub, k.name, k.created, k.deleted, \
+              k.create_revision, k.prev_revision, k.version, k.lease, ",
+            $value,
+            " AS value, NULL::bytea AS old_value, k.old_lease FROM kv_log AS k WHERE ",
+            $range,
+            " AND k.superseded_by > ",
+            $rev,
+            " AND k.revision <= ",
+            $rev,
+            " AND NOT k.deleted ORDER BY k.name LIMIT ",
+            $limit,
+            ") ORDER BY name LIMIT ",
             $limit
         )
     };

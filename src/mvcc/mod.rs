@@ -68,7 +68,7 @@ use types::{
 const MAX_BATCH: usize = 512;
 /// Revisions per physical-compaction transaction: small enough that the writer waits only
 /// milliseconds for one.
-const COMPACTION_CHUNK: i64 = 1000;
+const COMPACTION_CHUNK: i64 = 250;
 /// The least pause between two compaction chunks.
 const COMPACTION_REST: std::time::Duration = std::time::Duration::from_millis(1);
 
