@@ -1097,10 +1097,6 @@ instrumented_read_txn!(InstrumentedWrite);
 
 #[async_trait]
 impl WriteTxn for InstrumentedWrite {
-    async fn insert(&mut self, row: &LogRow) -> backend::Result<()> {
-        timed(&self.metrics, "insert", self.inner.insert(row)).await
-    }
-
     async fn insert_rows(&mut self, rows: &[LogRow]) -> backend::Result<()> {
         timed(&self.metrics, "insert_rows", self.inner.insert_rows(rows)).await
     }

@@ -11,7 +11,7 @@
 //!   reads as current is the one it will extend. Nothing it wrote is visible before `commit`.
 //! - Keys compare byte-wise, in every query and index.
 //! - Each stored row knows which later row of its key replaced it (`superseded_by`, set when
-//!   [`WriteTxn::insert`] writes a row whose `prev_revision` names it). Reads at a revision and
+//!   [`WriteTxn::insert_rows`] writes a row whose `prev_revision` names it). Reads at a revision and
 //!   compaction rely on it, so a backend never reads "each key's newest row" by searching the
 //!   key's history: a read at the current revision walks one index of live rows, a read at an
 //!   older revision adds the few rows replaced since, and the cost of both grows with the rows
@@ -162,17 +162,10 @@ pub trait ReadTxn: Send {
 /// The exclusive write transaction. Dropping it without `commit` rolls everything back.
 #[async_trait]
 pub trait WriteTxn: ReadTxn {
-    /// Appends a row and marks the key's row at `row.prev_revision` (if not 0) as replaced by it;
-    /// `prev_revision` must name the key's newest row.
-    async fn insert(&mut self, row: &LogRow) -> Result<()>;
-    /// Inserts rows as [`WriteTxn::insert`] would, one after another, in as few statements as
-    /// the database allows.
-    async fn insert_rows(&mut self, rows: &[LogRow]) -> Result<()> {
-        for row in rows {
-            self.insert(row).await?;
-        }
-        Ok(())
-    }
+    /// Appends rows, in order, in as few statements as the database allows; each marks the
+    /// key's row at its `prev_revision` (if not 0) as replaced by it, so `prev_revision` must name
+    /// the key's newest row (which may be an earlier row of the same call).
+    async fn insert_rows(&mut self, rows: &[LogRow]) -> Result<()>;
     async fn set_current_revision(&mut self, revision: i64) -> Result<()>;
     async fn set_compact_revision(&mut self, revision: i64) -> Result<()>;
     /// Stores a new lease; `false` if its id is taken.

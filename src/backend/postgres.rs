@@ -63,6 +63,12 @@ impl PostgresBackend {
             .max_connections(pool.max_connections)
             .idle_timeout(Some(pool.idle_timeout))
             .acquire_timeout(pool.connect_timeout)
+            .after_connect(|_, _| {
+                Box::pin(async {
+                    disable_nagle();
+                    Ok(())
+                })
+            })
             .connect_with(options)
             .await?;
         // Concurrent first starts would race on the migration table; the writer lock orders them.
@@ -93,6 +99,40 @@ impl PostgresBackend {
             commits,
             listener,
         })
+    }
+}
+
+/// Turns off Nagle's algorithm on every TCP socket of this process.
+///
+/// sqlx 0.9.0 opens its TCP connections without `TCP_NODELAY` (sqlx issue #4335, fixed after
+/// that release). A statement larger than one TCP segment — a batch insert, or one value over
+/// about 1.4 kB on a real network — then waits for the server's delayed ACK: 40 ms on Linux, per
+/// statement. sqlx offers no hook to the socket it made, so this runs after each new connection
+/// and sets the option on the process's TCP sockets, which it found through `/proc/self/fd`. The
+/// option is right for all of them (gRPC and HTTP serving latency-bound requests); non-TCP
+/// sockets refuse it, harmlessly.
+fn disable_nagle() {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::fd::BorrowedFd;
+        let Ok(entries) = std::fs::read_dir("/proc/self/fd") else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let is_socket = std::fs::read_link(entry.path())
+                .is_ok_and(|target| target.to_string_lossy().starts_with("socket:"));
+            let fd = entry
+                .file_name()
+                .to_str()
+                .and_then(|n| n.parse::<i32>().ok());
+            if let (true, Some(fd)) = (is_socket, fd) {
+                // SAFETY: the descriptor was open a moment ago. If another thread closes it
+                // first, setsockopt fails with EBADF, or sets TCP_NODELAY on whatever socket
+                // reused the number: harmless either way, and nothing is read or written.
+                let socket = unsafe { BorrowedFd::borrow_raw(fd) };
+                let _ = socket2::SockRef::from(&socket).set_tcp_nodelay(true);
+            }
+        }
     }
 }
 
@@ -531,38 +571,6 @@ impl ReadTxn for PgTxn {
 
 #[async_trait]
 impl WriteTxn for PgTxn {
-    async fn insert(&mut self, row: &LogRow) -> Result<()> {
-        let sql = concat!(
-            "INSERT INTO kv_log (",
-            row_columns!(),
-            ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)"
-        );
-        sqlx::query(sql)
-            .bind(row.revision)
-            .bind(row.sub)
-            .bind(&row.key)
-            .bind(row.created)
-            .bind(row.deleted)
-            .bind(row.create_revision)
-            .bind(row.prev_revision)
-            .bind(row.version)
-            .bind(row.lease)
-            .bind(&row.value)
-            .bind(&row.old_value)
-            .bind(row.old_lease)
-            .execute(&mut *self.0)
-            .await?;
-        if row.prev_revision > 0 {
-            sqlx::query("UPDATE kv_log SET superseded_by = $1 WHERE name = $2 AND revision = $3")
-                .bind(row.revision)
-                .bind(&row.key)
-                .bind(row.prev_revision)
-                .execute(&mut *self.0)
-                .await?;
-        }
-        Ok(())
-    }
-
     async fn insert_rows(&mut self, rows: &[LogRow]) -> Result<()> {
         // One statement for the whole batch: a round trip to the server per row would cost more
         // than the inserts themselves.

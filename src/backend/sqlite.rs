@@ -556,38 +556,6 @@ fn lease_row((id, ttl, expires_at): (i64, i64, i64)) -> LeaseRow {
 
 #[async_trait]
 impl WriteTxn for SqliteTxn {
-    async fn insert(&mut self, row: &LogRow) -> Result<()> {
-        let sql = concat!(
-            "INSERT INTO kv_log (",
-            row_columns!(),
-            ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)"
-        );
-        sqlx::query(sql)
-            .bind(row.revision)
-            .bind(row.sub)
-            .bind(&row.key)
-            .bind(row.created)
-            .bind(row.deleted)
-            .bind(row.create_revision)
-            .bind(row.prev_revision)
-            .bind(row.version)
-            .bind(row.lease)
-            .bind(&row.value)
-            .bind(&row.old_value)
-            .bind(row.old_lease)
-            .execute(self.conn())
-            .await?;
-        if row.prev_revision > 0 {
-            sqlx::query("UPDATE kv_log SET superseded_by = ?1 WHERE name = ?2 AND revision = ?3")
-                .bind(row.revision)
-                .bind(&row.key)
-                .bind(row.prev_revision)
-                .execute(self.conn())
-                .await?;
-        }
-        Ok(())
-    }
-
     async fn insert_rows(&mut self, rows: &[LogRow]) -> Result<()> {
         // Each statement is a round trip to sqlx's SQLite worker thread, which costs more than
         // SQLite inserting the row: one multi-row INSERT per chunk.

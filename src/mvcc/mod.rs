@@ -31,7 +31,7 @@
 //!   that the database's current revision is the index's; rows another process committed
 //!   (PostgreSQL) are applied to the index, or it is reloaded if compaction may have removed
 //!   some of them.
-
+//!
 //! # Reads
 //! Range reads run on the backend's read snapshots, concurrently with the writer. They see every
 //! acknowledged write because replies follow commits.
