@@ -93,7 +93,8 @@ impl PostgresBackend {
         .execute(&pool)
         .await?;
         let (tx, commits) = watch::channel(0);
-        let listener = tokio::spawn(listen_for_commits(pool.clone(), tx));
+        let listening = listen(&pool).await?;
+        let listener = tokio::spawn(listen_for_commits(pool.clone(), tx, listening));
         Ok(Self {
             pool,
             commits,
@@ -167,14 +168,41 @@ async fn create_database_if_missing(options: &PgConnectOptions) -> Result<()> {
     Ok(())
 }
 
-/// Follows NOTIFYs on the commit channel; reconnects after outages.
-async fn listen_for_commits(pool: PgPool, commits: watch::Sender<i64>) {
+/// A connection listening on the commit channel.
+async fn listen(pool: &PgPool) -> std::result::Result<PgListener, sqlx::Error> {
+    let mut listener = PgListener::connect_with(pool).await?;
+    listener.listen(COMMIT_CHANNEL).await?;
+    Ok(listener)
+}
+
+/// Follows NOTIFYs on the commit channel, starting with `listener` (already listening, so no
+/// commit after the backend opened is missed); reconnects after outages. After a reconnection it
+/// reports the current revision, since NOTIFYs sent while it was away are lost: the watch hub
+/// then reads whatever it missed rather than waiting for its next poll.
+async fn listen_for_commits(pool: PgPool, commits: watch::Sender<i64>, listener: PgListener) {
+    let mut ready = Some(listener);
     loop {
         let listening = async {
-            let mut listener = PgListener::connect_with(&pool).await?;
-            listener.listen(COMMIT_CHANNEL).await?;
-            loop {
-                let note = listener.recv().await?;
+            let mut listener = match ready.take() {
+                Some(listener) => listener,
+                None => {
+                    let listener = listen(&pool).await?;
+                    let current: i64 = sqlx::query_scalar(
+                        "SELECT value FROM meta WHERE name = 'current_revision'",
+                    )
+                    .fetch_one(&pool)
+                    .await?;
+                    commits.send_if_modified(|seen| {
+                        let newer = current > *seen;
+                        *seen = (*seen).max(current);
+                        newer
+                    });
+                    listener
+                }
+            };
+            // `try_recv` rather than `recv`: `recv` reconnects silently, losing the NOTIFYs sent
+            // meanwhile; `None` says the connection is gone, so the catch-up above runs.
+            while let Some(note) = listener.try_recv().await? {
                 if let Ok(revision) = note.payload().parse::<i64>() {
                     commits.send_if_modified(|seen| {
                         let newer = revision > *seen;
@@ -183,11 +211,11 @@ async fn listen_for_commits(pool: PgPool, commits: watch::Sender<i64>) {
                     });
                 }
             }
-            #[allow(unreachable_code)]
             Ok::<(), sqlx::Error>(())
         };
-        if let Err(e) = listening.await {
-            tracing::debug!(error = %e, "commit listener lost its connection; reconnecting");
+        match listening.await {
+            Ok(()) => tracing::debug!("commit listener lost its connection; reconnecting"),
+            Err(e) => tracing::debug!(error = %e, "commit listener failed; reconnecting"),
         }
         if commits.is_closed() {
             return;
