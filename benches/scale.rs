@@ -350,7 +350,9 @@ async fn measure(
 
     // The same write load without compaction first, as the yardstick for the phase with it.
     let quiet = Duration::from_secs(write_seconds.div_ceil(4));
+    let before_quiet = sql_histograms(&url).await?;
     let baseline = open_loop_updates(client.clone(), keys, write_rate, quiet).await?;
+    let after_quiet = sql_histograms(&url).await?;
     println!(
         "\n| updates at {write_rate}/s, no compaction | p50 ms | p99 ms | max ms |\n|---|--:|--:|--:|"
     );
@@ -404,6 +406,7 @@ async fn measure(
         })
     };
     let latencies = writer.await??;
+    let after_writes = sql_histograms(&url).await?;
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let wait = Instant::now();
     let compactions = compactor.await??;
@@ -414,6 +417,22 @@ async fn measure(
         &format!("{} in {write_seconds} s", latencies.len()),
         &latencies,
     );
+    println!();
+    // What the writer waited for: `begin_write` includes waiting for the writer's lock, which
+    // a compaction chunk (`compact_window`) holds while it runs.
+    println!(
+        "| from /metrics (bucket bounds, ms) | calls | p50 ≤ | p99 ≤ | max ≤ |\n|---|--:|--:|--:|--:|"
+    );
+    for (phase, from, to) in [
+        ("no compaction", &before_quiet, &after_quiet),
+        ("compaction running", &after_quiet, &after_writes),
+    ] {
+        for query in ["begin_write", "commit", "compact_window"] {
+            if let Some((calls, p50, p99, max)) = bucket_quantiles(from, to, query) {
+                println!("| {query}, {phase} | {calls} | {p50} | {p99} | {max} |");
+            }
+        }
+    }
     println!();
     println!("| compaction at | physical compaction took s |\n|--:|--:|");
     for (target, took) in &compactions {
@@ -434,6 +453,76 @@ async fn measure(
     shutdown.cancel();
     running.wait().await?;
     explain(endpoint, fixture, behind).await
+}
+
+/// Cumulative bucket counts of `etcdsql_sql_duration_seconds`, by query label and bound.
+type Buckets = std::collections::BTreeMap<(String, String), f64>;
+
+/// Scrapes the server's `/metrics` for the SQL timing histograms.
+async fn sql_histograms(url: &str) -> Result<Buckets, Error> {
+    let text = reqwest::get(format!("{url}/metrics")).await?.text().await?;
+    let mut out = Buckets::new();
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix("etcdsql_sql_duration_seconds_bucket{") else {
+            continue;
+        };
+        let Some((labels, count)) = rest.split_once("} ") else {
+            continue;
+        };
+        let label = |name: &str| {
+            labels.split(',').find_map(|kv| {
+                kv.strip_prefix(name)
+                    .and_then(|v| v.strip_prefix("=\""))
+                    .map(|v| v.trim_end_matches('"').to_owned())
+            })
+        };
+        if let (Some(query), Some(le), Ok(count)) = (label("query"), label("le"), count.parse()) {
+            out.insert((query, le), count);
+        }
+    }
+    Ok(out)
+}
+
+/// Calls of `query` between two scrapes, and the bucket bounds (ms) holding its median, 99th
+/// percentile and slowest call.
+fn bucket_quantiles(
+    from: &Buckets,
+    to: &Buckets,
+    query: &str,
+) -> Option<(u64, String, String, String)> {
+    let mut bounds: Vec<(f64, f64)> = to
+        .iter()
+        .filter(|((q, _), _)| q == query)
+        .map(|((_, le), count)| {
+            let before = from
+                .get(&(query.to_owned(), le.clone()))
+                .copied()
+                .unwrap_or(0.0);
+            let bound = if le == "+Inf" {
+                f64::INFINITY
+            } else {
+                le.parse().unwrap_or(f64::INFINITY)
+            };
+            (bound, count - before)
+        })
+        .collect();
+    bounds.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let total = bounds.last()?.1;
+    if total <= 0.0 {
+        return None;
+    }
+    let at = |q: f64| {
+        let bound = bounds
+            .iter()
+            .find(|(_, n)| *n >= q * total)
+            .map_or(f64::INFINITY, |(b, _)| *b);
+        if bound.is_finite() {
+            format!("{:.1}", bound * 1000.0)
+        } else {
+            "inf".into()
+        }
+    };
+    Some((total as u64, at(0.5), at(0.99), at(1.0)))
 }
 
 fn print_latency(what: &str, micros: &Histogram<u64>) {
