@@ -251,25 +251,35 @@ macro_rules! visible_branches {
     };
 }
 
+/// The columns of a scan, `$value` being `k.value` or an empty value for keys-only scans.
+macro_rules! scan_columns {
+    ($value:literal) => {
+        concat!(
+            "k.revision, k.sub, k.name, k.created, k.deleted, k.create_revision, \
+             k.prev_revision, k.version, k.lease, ",
+            $value,
+            " AS value, NULL::bytea AS old_value, k.old_lease"
+        )
+    };
+}
+
 /// A scan in key order, at most `$limit` rows. Each branch is ordered and limited on its own: the
 /// live branch then walks its index for just `$limit` keys, where a plan for the union as a whole
 /// may sort every live key of the range (a seq scan of the table at a million keys).
 macro_rules! scan_sql {
     ($value:literal, $range:literal, $rev:literal, $limit:literal) => {
         concat!(
-            "(SELECT k.revision, k.sub, k.name, k.created, k.deleted, k.create_revision, \
-              k.prev_revision, k.version, k.lease, ",
-            $value,
-            " AS value, NULL::bytea AS old_value, k.old_lease FROM kv_log AS k WHERE ",
+            "(SELECT ",
+            scan_columns!($value),
+            " FROM kv_log AS k WHERE ",
             $range,
             " AND k.superseded_by IS NULL AND NOT k.deleted AND k.revision <= ",
             $rev,
             " ORDER BY k.name LIMIT ",
             $limit,
-            ") UNION ALL (SELECT k.revision, k.sub, k.name, k.created, k.deleted, \
-              k.create_revision, k.prev_revision, k.version, k.lease, ",
-            $value,
-            " AS value, NULL::bytea AS old_value, k.old_lease FROM kv_log AS k WHERE ",
+            ") UNION ALL (SELECT ",
+            scan_columns!($value),
+            " FROM kv_log AS k WHERE ",
             $range,
             " AND k.superseded_by > ",
             $rev,

@@ -554,6 +554,16 @@ fn lease_row((id, ttl, expires_at): (i64, i64, i64)) -> LeaseRow {
     }
 }
 
+/// Appends `count` copies of `tuple`, comma-separated: the rows of a multi-row statement.
+fn push_tuples(sql: &mut String, count: usize, tuple: &str) {
+    for i in 0..count {
+        if i > 0 {
+            sql.push(',');
+        }
+        sql.push_str(tuple);
+    }
+}
+
 #[async_trait]
 impl WriteTxn for SqliteTxn {
     async fn insert_rows(&mut self, rows: &[LogRow]) -> Result<()> {
@@ -562,12 +572,11 @@ impl WriteTxn for SqliteTxn {
         for chunk in rows.chunks(INSERT_CHUNK) {
             let mut sql =
                 String::from(concat!("INSERT INTO kv_log (", row_columns!(), ") VALUES "));
-            for i in 0..chunk.len() {
-                if i > 0 {
-                    sql.push(',');
-                }
-                sql.push_str("(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)");
-            }
+            push_tuples(
+                &mut sql,
+                chunk.len(),
+                "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            );
             let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
             for row in chunk {
                 query = query
@@ -592,12 +601,7 @@ impl WriteTxn for SqliteTxn {
                 continue;
             }
             let mut sql = String::from("UPDATE kv_log SET superseded_by = v.column1 FROM (VALUES ");
-            for i in 0..replacing.len() {
-                if i > 0 {
-                    sql.push(',');
-                }
-                sql.push_str("(?, ?, ?)");
-            }
+            push_tuples(&mut sql, replacing.len(), "(?, ?, ?)");
             sql.push_str(") AS v WHERE kv_log.name = v.column2 AND kv_log.revision = v.column3");
             let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
             for row in replacing {
