@@ -967,6 +967,18 @@ impl Backend for InstrumentedBackend {
         }))
     }
 
+    async fn read_unpinned(&self) -> backend::Result<Box<dyn ReadTxn>> {
+        let inner = timed(&self.metrics, "begin_read", self.inner.read_unpinned()).await?;
+        Ok(Box::new(InstrumentedRead {
+            inner,
+            metrics: self.metrics.clone(),
+        }))
+    }
+
+    fn sole_writer(&self) -> bool {
+        self.inner.sole_writer()
+    }
+
     /// Includes waiting for the previous write transaction to finish.
     async fn write(&self) -> backend::Result<Box<dyn WriteTxn>> {
         let inner = timed(&self.metrics, "begin_write", self.inner.write()).await?;

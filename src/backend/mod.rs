@@ -111,6 +111,19 @@ pub type Result<T> = std::result::Result<T, Error>;
 pub trait Backend: Send + Sync + 'static {
     /// Opens a consistent read snapshot.
     async fn read(&self) -> Result<Box<dyn ReadTxn>>;
+    /// Opens a reader whose statements each see the newest commit as they start, with no
+    /// snapshot shared between them: cheaper than [`Backend::read`] where a backend can skip
+    /// beginning a transaction. Only for reads pinned to a revision the caller knows to be
+    /// committed, whose rows therefore cannot change under them (except by compaction, which
+    /// the caller must rule out); `revisions` on it is not consistent with its other answers.
+    async fn read_unpinned(&self) -> Result<Box<dyn ReadTxn>> {
+        self.read().await
+    }
+    /// Whether this process is the database's only writer, so that what its own writer
+    /// committed is exactly the database's state (SQLite: one process owns the file).
+    fn sole_writer(&self) -> bool {
+        false
+    }
     /// Opens the one write transaction; waits while another is open.
     async fn write(&self) -> Result<Box<dyn WriteTxn>>;
     /// The cluster id, chosen once when the database was created.

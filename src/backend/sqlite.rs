@@ -2,7 +2,7 @@
 //!
 //! Writers share exactly one connection, behind a mutex, so "one write transaction at a time"
 //! holds inside this process without relying on SQLite's busy handler; readers use their own
-//! read-only pool and, thanks to WAL, never block the writer or wait for it. `synchronous=FULL`
+//! read-only connections and, thanks to WAL, never block the writer or wait for it. `synchronous=FULL`
 //! makes a committed transaction survive power loss: under WAL, NORMAL may lose the last commits,
 //! which would break "an acknowledged write is never lost". Group commit in the MVCC layer keeps
 //! that to one fsync per batch rather than per request.
@@ -26,8 +26,8 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
     SqliteSynchronous,
 };
-use sqlx::{Connection, Row, Sqlite, Transaction};
-use tokio::sync::{Mutex, OwnedMappedMutexGuard, OwnedMutexGuard};
+use sqlx::{Connection, Row};
+use tokio::sync::{Mutex, OwnedMappedMutexGuard, OwnedMutexGuard, OwnedSemaphorePermit, Semaphore};
 
 use super::{
     Backend, DbSize, Error, LeaseRow, LogRow, RangeEnd, ReadTxn, Result, Revisions, Scan, WriteTxn,
@@ -146,7 +146,7 @@ pub struct SqliteBackend {
     /// a round trip to sqlx's worker thread: about a millisecond per batch under load, with
     /// the writer idle meanwhile. `None` once closed.
     writer: Arc<Mutex<Option<WriterConn>>>,
-    readers: SqlitePool,
+    readers: Arc<Readers>,
     /// The background checkpoints' own connection, and their task (stopped on close).
     checkpointer: SqlitePool,
     checkpoints: tokio::task::JoinHandle<()>,
@@ -173,6 +173,110 @@ struct WriterConn {
     /// A write transaction was opened and not committed (dropped, or its COMMIT failed): it
     /// must be rolled back before the next one begins.
     open: bool,
+}
+
+/// The read-only connections, kept here rather than in an sqlx pool for the reason the writer's
+/// is: a pool pings a connection when it hands it out and again when it takes it back, two round
+/// trips to the connection's worker thread that cost more than a point read itself.
+struct Readers {
+    idle: std::sync::Mutex<Vec<ReaderConn>>,
+    /// One permit per connection that may exist; closed when the backend closes.
+    permits: Arc<Semaphore>,
+    options: SqliteConnectOptions,
+}
+
+struct ReaderConn {
+    conn: SqliteConnection,
+    /// A read transaction was begun on it and not yet rolled back.
+    open: bool,
+}
+
+/// A reader connection on loan; it goes back to the idle list when dropped, after its read
+/// transaction (if any) is rolled back: an idle connection must not pin an old snapshot, which
+/// would keep checkpoints from recycling the WAL.
+struct ReaderLoan {
+    conn: Option<ReaderConn>,
+    readers: Arc<Readers>,
+    permit: Option<OwnedSemaphorePermit>,
+}
+
+impl Readers {
+    fn idle(&self) -> std::sync::MutexGuard<'_, Vec<ReaderConn>> {
+        // The list is only pushed to and popped from: a panic elsewhere cannot leave it torn.
+        self.idle
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// An idle connection, or a new one while fewer than the limit exist.
+    async fn loan(self: &Arc<Self>) -> Result<ReaderLoan> {
+        let permit = self
+            .permits
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| sqlx::Error::PoolClosed)?;
+        let idle = self.idle().pop();
+        let conn = match idle {
+            Some(conn) => conn,
+            None => ReaderConn {
+                conn: SqliteConnection::connect_with(&self.options).await?,
+                open: false,
+            },
+        };
+        Ok(ReaderLoan {
+            conn: Some(conn),
+            readers: self.clone(),
+            permit: Some(permit),
+        })
+    }
+
+    async fn close(&self) {
+        self.permits.close();
+        let idle = std::mem::take(&mut *self.idle());
+        for reader in idle {
+            let _ = reader.conn.close().await;
+        }
+    }
+}
+
+impl ReaderLoan {
+    fn conn(&mut self) -> &mut ReaderConn {
+        self.conn
+            .as_mut()
+            .expect("a loan holds its connection until dropped")
+    }
+}
+
+impl Drop for ReaderLoan {
+    fn drop(&mut self) {
+        let (Some(mut reader), Some(permit)) = (self.conn.take(), self.permit.take()) else {
+            return;
+        };
+        if self.readers.permits.is_closed() {
+            return;
+        }
+        if !reader.open {
+            self.readers.idle().push(reader);
+            return;
+        }
+        // The rollback is a round trip to the connection's worker thread: off the reader's path.
+        // Without a runtime (shutting down) the connection is just closed.
+        let readers = self.readers.clone();
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                if sqlx::query("ROLLBACK")
+                    .execute(&mut reader.conn)
+                    .await
+                    .is_ok()
+                {
+                    reader.open = false;
+                    readers.idle().push(reader);
+                }
+                drop(permit);
+            });
+        }
+    }
 }
 
 impl SqliteBackend {
@@ -206,11 +310,11 @@ impl SqliteBackend {
             .execute(&mut writer)
             .await?;
         let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
-        let readers = SqlitePoolOptions::new()
-            .max_connections((cores * 2).max(4) as u32)
-            .idle_timeout(Some(Duration::from_secs(600)))
-            .connect_with(base.clone().read_only(true))
-            .await?;
+        let readers = Arc::new(Readers {
+            idle: std::sync::Mutex::new(Vec::new()),
+            permits: Arc::new(Semaphore::new((cores * 2).max(4))),
+            options: base.clone().read_only(true),
+        });
         let checkpointer = SqlitePoolOptions::new()
             .max_connections(1)
             .connect_with(base.pragma("wal_autocheckpoint", "0"))
@@ -252,7 +356,21 @@ impl SqliteBackend {
 #[async_trait]
 impl Backend for SqliteBackend {
     async fn read(&self) -> Result<Box<dyn ReadTxn>> {
-        Ok(Box::new(SqliteTxn(Conn::Read(self.readers.begin().await?))))
+        let mut loan = self.readers.loan().await?;
+        let reader = loan.conn();
+        // Marked open first: if this future is dropped during BEGIN, the rollback still runs.
+        reader.open = true;
+        sqlx::query("BEGIN").execute(&mut reader.conn).await?;
+        Ok(Box::new(SqliteTxn(Conn::Read(loan))))
+    }
+
+    /// Every statement runs on its own (autocommit), seeing the newest commit when it starts.
+    async fn read_unpinned(&self) -> Result<Box<dyn ReadTxn>> {
+        Ok(Box::new(SqliteTxn(Conn::Read(self.readers.loan().await?))))
+    }
+
+    fn sole_writer(&self) -> bool {
+        true
     }
 
     async fn write(&self) -> Result<Box<dyn WriteTxn>> {
@@ -260,14 +378,16 @@ impl Backend for SqliteBackend {
     }
 
     async fn cluster_id(&self) -> Result<u64> {
+        let mut loan = self.readers.loan().await?;
         let id: i64 = sqlx::query_scalar("SELECT value FROM meta WHERE name = 'cluster_id'")
-            .fetch_one(&self.readers)
+            .fetch_one(&mut loan.conn().conn)
             .await?;
         Ok(id as u64)
     }
 
     async fn size(&self) -> Result<DbSize> {
-        let mut conn = self.readers.acquire().await?;
+        let mut loan = self.readers.loan().await?;
+        let conn = &mut loan.conn().conn;
         let page_size: i64 = sqlx::query_scalar("PRAGMA page_size")
             .fetch_one(&mut *conn)
             .await?;
@@ -315,9 +435,10 @@ impl Backend for SqliteBackend {
     }
 
     async fn compacted_through(&self) -> Result<i64> {
+        let mut loan = self.readers.loan().await?;
         Ok(
             sqlx::query_scalar("SELECT value FROM meta WHERE name = 'compacted_through'")
-                .fetch_one(&self.readers)
+                .fetch_one(&mut loan.conn().conn)
                 .await?,
         )
     }
@@ -337,14 +458,14 @@ impl Backend for SqliteBackend {
 struct SqliteTxn(Conn);
 
 enum Conn {
-    Read(Transaction<'static, Sqlite>),
+    Read(ReaderLoan),
     Write(OwnedMappedMutexGuard<Option<WriterConn>, WriterConn>),
 }
 
 impl SqliteTxn {
     fn conn(&mut self) -> &mut SqliteConnection {
         match &mut self.0 {
-            Conn::Read(tx) => tx,
+            Conn::Read(loan) => &mut loan.conn().conn,
             Conn::Write(writer) => &mut writer.conn,
         }
     }

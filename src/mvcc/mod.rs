@@ -36,6 +36,14 @@
 //! Range reads run on the backend's read snapshots, concurrently with the writer. They see every
 //! acknowledged write because replies follow commits.
 //!
+//! When this process is the database's only writer (SQLite), the writer publishes the current
+//! and compact revisions in memory after each commit and before its replies, so a read needs no
+//! snapshot: it takes the published current revision R (every acknowledged write is at or
+//! below it) and reads the rows visible at R with single statements, each of which sees at
+//! least R. Rows visible at R never change afterwards; only compaction past R could delete
+//! some, and the compact revision is published before the compactor is told of it, so a read
+//! that finds the compact revision still at or below R once it is done read intact rows.
+//!
 //! # Compaction
 //! `Compact(C)` records C as the compact revision in the writer's transaction; from then on
 //! reads and watches below C answer "compacted". A background task then deletes, in small
@@ -48,14 +56,14 @@ mod index;
 mod txn;
 pub mod types;
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::backend::{self, Backend, DbSize, LeaseRow, ReadTxn, Revisions, Scan};
+use crate::backend::{self, Backend, DbSize, LeaseRow, LogRow, ReadTxn, Revisions, Scan};
 use compare::{fetch_limit, finish_range};
 use index::KeyIndex;
 use txn::{Batch, TxnExec};
@@ -190,6 +198,25 @@ struct Inner {
     /// The newest committed revision, so the watch hub wakes at once after a local commit.
     committed: watch::Receiver<i64>,
     stats: Arc<WriteCounters>,
+    /// Set when the backend says this process is its only writer: `published` is then the
+    /// database's state, and reads use it instead of a snapshot.
+    sole_writer: bool,
+    published: Arc<Published>,
+}
+
+/// The revisions as of the writer's last commit, stored before that commit's replies are sent.
+struct Published {
+    current: AtomicI64,
+    compact: AtomicI64,
+}
+
+impl Published {
+    fn revisions(&self) -> Revisions {
+        Revisions {
+            current: self.current.load(Ordering::SeqCst),
+            compact: self.compact.load(Ordering::SeqCst),
+        }
+    }
 }
 
 /// Counts kept by the writer, so group commit can be observed (tests, metrics).
@@ -199,12 +226,20 @@ struct WriteCounters {
     requests: AtomicU64,
     /// Told about every committed batch; a `OnceLock` so the writer reads it without a lock.
     observer: OnceLock<CommitObserver>,
+    /// Handed every committed batch's rows (the watch hub).
+    changes: OnceLock<ChangeSink>,
 }
 
 /// Called by the writer after each committed batch with the number of requests the batch held
 /// and the current revision after it. It runs on the writer task: it must be quick and must
 /// not block.
 pub type CommitObserver = Box<dyn Fn(usize, i64) + Send + Sync>;
+
+/// Called by the writer after each committed batch that changed something, before the batch's
+/// replies are sent, with the revision before the batch, the revision after it and the rows of
+/// the revisions in between, in order. It runs on the writer task: it must be quick and must not
+/// block.
+pub type ChangeSink = Box<dyn Fn(i64, i64, Vec<LogRow>) + Send + Sync>;
 
 /// How many write requests the writer has committed, in how many database transactions.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -237,6 +272,11 @@ impl Store {
         let done = backend.compacted_through().await?;
         let (compacted_tx, compacted) = watch::channel(done);
         let stats = Arc::new(WriteCounters::default());
+        let sole_writer = backend.sole_writer();
+        let published = Arc::new(Published {
+            current: AtomicI64::new(start.current),
+            compact: AtomicI64::new(start.compact),
+        });
         tracker.spawn(run_writer(
             backend.clone(),
             index,
@@ -245,6 +285,7 @@ impl Store {
                 compacted: compacted.clone(),
                 compact_target,
                 committed: committed_tx,
+                published: published.clone(),
             },
             stats.clone(),
             shutdown.clone(),
@@ -262,6 +303,8 @@ impl Store {
                 compacted,
                 committed,
                 stats,
+                sole_writer,
+                published,
             }),
         })
     }
@@ -290,11 +333,20 @@ impl Store {
         self.inner.stats.observer.set(observer).is_ok()
     }
 
+    /// Installs the receiver of committed rows (the watch hub). Returns `false`, and keeps the
+    /// earlier one, if one was already installed.
+    pub fn feed_changes(&self, sink: ChangeSink) -> bool {
+        self.inner.stats.changes.set(sink).is_ok()
+    }
+
     /// The current and compact revisions.
     ///
     /// # Errors
     /// The backend is unreachable.
     pub async fn revisions(&self) -> Result<Revisions> {
+        if self.inner.sole_writer {
+            return Ok(self.inner.published.revisions());
+        }
         Ok(self.inner.backend.read().await?.revisions().await?)
     }
 
@@ -309,6 +361,9 @@ impl Store {
     /// # Errors
     /// The revision is compacted or in the future, or the backend is unreachable.
     pub async fn range(&self, req: &RangeRequest) -> Result<Revisioned<RangeResponse>> {
+        if self.inner.sole_writer {
+            return self.range_unpinned(req).await;
+        }
         let mut tx = self.inner.backend.read().await?;
         let revisions = tx.revisions().await?;
         let value = read_range(tx.as_mut(), req, revisions.current, revisions.compact).await?;
@@ -316,6 +371,30 @@ impl Store {
             revision: revisions.current,
             value,
         })
+    }
+
+    /// [`Store::range`] without a snapshot, at the published revisions (see "Reads" above).
+    async fn range_unpinned(&self, req: &RangeRequest) -> Result<Revisioned<RangeResponse>> {
+        loop {
+            let revisions = self.inner.published.revisions();
+            let revision =
+                resolve_read_revision(req.revision, revisions.current, revisions.compact)?;
+            let mut tx = self.inner.backend.read_unpinned().await?;
+            let value = read_range(tx.as_mut(), req, revisions.current, revisions.compact).await?;
+            drop(tx);
+            if self.inner.published.compact.load(Ordering::SeqCst) > revision {
+                // Compacted while being read: some rows may have been missing. A read of the
+                // current revision just tries again at the new one.
+                if req.revision > 0 {
+                    return Err(Error::Compacted);
+                }
+                continue;
+            }
+            return Ok(Revisioned {
+                revision: revisions.current,
+                value,
+            });
+        }
     }
 
     /// Runs a txn; the revision is the one it wrote at, or the current one if it wrote nothing.
@@ -467,6 +546,8 @@ struct WriterSignals {
     compact_target: watch::Sender<i64>,
     /// The newest committed revision, for the watch hub.
     committed: watch::Sender<i64>,
+    /// The revisions, for readers that need no snapshot.
+    published: Arc<Published>,
 }
 
 /// The single writer: drains the queue in batches, one database transaction per batch.
@@ -482,8 +563,15 @@ async fn run_writer(
         compacted,
         compact_target,
         committed,
+        published,
     } = signals;
+    let sole_writer = backend.sole_writer();
+    // Whether the index is known to match the database: then a sole writer need not read the
+    // revisions at the start of a batch. A failed batch may have committed after all (a lost
+    // connection while committing), so the next one asks the database.
+    let mut trusted = true;
     let mut batch = Vec::with_capacity(MAX_BATCH);
+    let mut outcomes = Vec::with_capacity(MAX_BATCH);
     loop {
         let received = tokio::select! {
             n = queue.recv_many(&mut batch, MAX_BATCH) => n,
@@ -493,21 +581,56 @@ async fn run_writer(
             break;
         }
         let compacted = *compacted.borrow();
-        if let Ok(outcome) = write_batch(backend.as_ref(), &mut index, compacted, &mut batch).await
-        {
-            // Observers first: the watch hub, woken next, may look up this commit's time.
+        let known = (sole_writer && trusted).then(|| Revisions {
+            current: index.revision(),
+            compact: published.compact.load(Ordering::SeqCst),
+        });
+        let mut result = apply_batch(
+            backend.as_ref(),
+            &mut index,
+            known,
+            compacted,
+            batch.drain(..),
+            &mut outcomes,
+        )
+        .await;
+        trusted = result.is_ok();
+        if let Ok(outcome) = &mut result {
+            // Everything a reply promises is published before the replies go out: the
+            // revisions for snapshot-free reads, the commit for the watch hub.
+            if let Some(compact) = outcome.compact {
+                published.compact.store(compact, Ordering::SeqCst);
+            }
+            published.current.store(outcome.current, Ordering::SeqCst);
+            // Observers before the watch hub, which may look up this commit's time.
             if let Some(observe) = stats.observer.get() {
                 observe(received, outcome.current);
+            }
+            if outcome.current > outcome.before
+                && let Some(sink) = stats.changes.get()
+            {
+                sink(
+                    outcome.before,
+                    outcome.current,
+                    std::mem::take(&mut outcome.rows),
+                );
             }
             committed.send_if_modified(|current| {
                 let moved = outcome.current > *current;
                 *current = (*current).max(outcome.current);
                 moved
             });
-            let compact = outcome.compact;
+        }
+        if let Err(e) = &result {
+            tracing::warn!(error = %e, requests = outcomes.len(), "write batch failed");
+        }
+        for outcome in outcomes.drain(..) {
+            outcome.send(&result);
+        }
+        if let Ok(outcome) = result {
             stats.batches.fetch_add(1, Ordering::Relaxed);
             stats.requests.fetch_add(received as u64, Ordering::Relaxed);
-            if let Some(compact) = compact {
+            if let Some(compact) = outcome.compact {
                 compact_target.send_replace(compact);
             }
         }
@@ -560,38 +683,26 @@ impl Outcome {
 /// What a committed batch changed, or why the batch did not commit.
 type BatchResult = std::result::Result<Committed, Error>;
 
-#[derive(Clone, Copy, Debug)]
+#[derive(Debug)]
 struct Committed {
+    /// The current revision before the batch.
+    before: i64,
     /// The current revision after the batch.
     current: i64,
     /// The new compact revision, if the batch moved it.
     compact: Option<i64>,
-}
-
-/// Runs and commits one batch, then answers every job; `Err` if the batch did not commit.
-async fn write_batch(
-    backend: &dyn Backend,
-    index: &mut KeyIndex,
-    compacted: i64,
-    batch: &mut Vec<WriteJob>,
-) -> std::result::Result<Committed, ()> {
-    let mut outcomes = Vec::with_capacity(batch.len());
-    let result = apply_batch(backend, index, compacted, batch.drain(..), &mut outcomes).await;
-    if let Err(e) = &result {
-        tracing::warn!(error = %e, requests = outcomes.len(), "write batch failed");
-    }
-    for outcome in outcomes {
-        outcome.send(&result);
-    }
-    result.map_err(|_| ())
+    /// The rows of the revisions `(before, current]`, in order.
+    rows: Vec<LogRow>,
 }
 
 /// Applies the jobs in one transaction and commits it. The jobs' answers are pushed to
 /// `outcomes` as they run, but they stand only if this returns `Ok`. The key index follows the
-/// database: after `Ok` it holds the batch's changes, after `Err` none of them.
+/// database: after `Ok` it holds the batch's changes, after `Err` none of them. `known` is the
+/// database's state if the caller knows it; otherwise it is read inside the transaction.
 async fn apply_batch(
     backend: &dyn Backend,
     index: &mut KeyIndex,
+    known: Option<Revisions>,
     compacted: i64,
     jobs: impl Iterator<Item = WriteJob>,
     outcomes: &mut Vec<Outcome>,
@@ -609,7 +720,10 @@ async fn apply_batch(
     // Where the batch's own changes to the index begin (after bringing it up to date).
     let mut batch_mark = None;
     let step: BatchResult = async {
-        let start = batch.tx.revisions().await?;
+        let start = match known {
+            Some(known) => known,
+            None => batch.tx.revisions().await?,
+        };
         batch.sync_index(start, compacted).await?;
         batch_mark = Some(batch.index.mark());
         let txns = pending.as_slice().iter().filter_map(|job| match job {
@@ -691,12 +805,15 @@ async fn apply_batch(
             batch.tx.set_current_revision(current).await?;
         }
         Ok(Committed {
+            before: start.current,
             current,
             compact: compact_moved,
+            rows: Vec::new(),
         })
     }
     .await;
-    let tx = batch.into_tx();
+    let (tx, rows) = batch.into_parts();
+    let step = step.map(|committed| Committed { rows, ..committed });
     let committed = match step {
         Ok(committed) => tx.commit().await.map(|()| committed).map_err(Error::from),
         Err(e) => Err(e),

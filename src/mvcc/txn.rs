@@ -38,9 +38,12 @@ use super::{Error, Result};
 pub(crate) struct Batch<'a> {
     pub(crate) tx: Box<dyn WriteTxn>,
     pub(crate) index: &'a mut KeyIndex,
-    /// Rows written but not yet inserted, in revision and sub-revision order.
-    pending: Vec<LogRow>,
-    /// Where the running request's rows start in `pending`.
+    /// Every row this batch wrote, in revision and sub-revision order; after the commit, what
+    /// the watch hub is handed.
+    rows: Vec<LogRow>,
+    /// How many of `rows` have been inserted into the database.
+    flushed: usize,
+    /// Where the running request's rows start in `rows`.
     request_start: usize,
     /// Where the running request began in the index, for rolling it back.
     request_mark: Option<Mark>,
@@ -55,7 +58,8 @@ impl<'a> Batch<'a> {
         Self {
             tx,
             index,
-            pending: Vec::new(),
+            rows: Vec::new(),
+            flushed: 0,
             request_start: 0,
             request_mark: None,
             savepoint: false,
@@ -63,9 +67,9 @@ impl<'a> Batch<'a> {
         }
     }
 
-    /// The transaction back, for committing it.
-    pub(crate) fn into_tx(self) -> Box<dyn WriteTxn> {
-        self.tx
+    /// The transaction back, for committing it, and the rows the batch wrote.
+    pub(crate) fn into_parts(self) -> (Box<dyn WriteTxn>, Vec<LogRow>) {
+        (self.tx, self.rows)
     }
 
     /// Brings the index up to the database's state `now` (read inside this write transaction,
@@ -143,7 +147,7 @@ impl<'a> Batch<'a> {
             .collect();
         if !missing.is_empty() {
             // Rows this batch wrote are all in `values`: what is missing was committed before
-            // the batch, so SQL has it whether or not `pending` was inserted yet.
+            // the batch, so SQL has it whether or not `rows` were inserted yet.
             let found = self.tx.values_at(&missing).await?;
             for ((key, revision), value) in missing.iter().zip(found) {
                 let Some(value) = value else {
@@ -196,37 +200,38 @@ impl<'a> Batch<'a> {
             self.values
                 .insert((row.key.clone(), row.revision), row.value.clone());
         }
-        self.pending.push(row);
+        self.rows.push(row);
     }
 
     /// Inserts the buffered rows, so that SQL reads in this transaction see them. If the running
     /// request wrote some of them, they go in under a savepoint, since the request may still
     /// fail.
     pub(crate) async fn flush(&mut self) -> Result<()> {
-        if self.pending.is_empty() {
+        if self.flushed == self.rows.len() {
             return Ok(());
         }
-        let own = self.request_mark.is_some() && self.request_start < self.pending.len();
+        let own = self.request_mark.is_some() && self.request_start < self.rows.len();
         if own && !self.savepoint {
+            // Nothing of the running request was inserted yet (that would have opened the
+            // savepoint), so `flushed <= request_start`.
             self.tx
-                .insert_rows(&self.pending[..self.request_start])
+                .insert_rows(&self.rows[self.flushed..self.request_start])
                 .await?;
             self.tx.savepoint().await?;
             self.savepoint = true;
             self.tx
-                .insert_rows(&self.pending[self.request_start..])
+                .insert_rows(&self.rows[self.request_start..])
                 .await?;
         } else {
-            self.tx.insert_rows(&self.pending).await?;
+            self.tx.insert_rows(&self.rows[self.flushed..]).await?;
         }
-        self.pending.clear();
-        self.request_start = 0;
+        self.flushed = self.rows.len();
         Ok(())
     }
 
     /// Starts a request: what it writes from now on can be undone by [`Batch::end_request`].
     pub(crate) fn begin_request(&mut self) {
-        self.request_start = self.pending.len();
+        self.request_start = self.rows.len();
         self.request_mark = Some(self.index.mark());
         self.savepoint = false;
     }
@@ -238,7 +243,8 @@ impl<'a> Batch<'a> {
             if let Some(mark) = mark {
                 self.index.rollback(mark);
             }
-            self.pending.truncate(self.request_start);
+            self.rows.truncate(self.request_start);
+            self.flushed = self.flushed.min(self.request_start);
             if self.savepoint {
                 self.tx.rollback_to_savepoint().await?;
             }
@@ -246,7 +252,7 @@ impl<'a> Batch<'a> {
             self.tx.release_savepoint().await?;
         }
         self.savepoint = false;
-        self.request_start = self.pending.len();
+        self.request_start = self.rows.len();
         Ok(())
     }
 }

@@ -1,12 +1,16 @@
-//! The watch hub: one tailer per process reads the revision log in order and fans each new
-//! revision out to the watch streams whose watchers cover its keys. The tailer wakes on this
-//! process's commits, on other processes' commits when the backend can push them (PostgreSQL's
-//! LISTEN/NOTIFY), and every poll interval regardless.
+//! The watch hub: fans each new revision out, in order, to the watch streams whose watchers
+//! cover its keys. This process's writer hands it each committed batch's rows directly, before
+//! the batch's replies go out, so a watcher usually hears of a change no later than its writer.
+//! One tailer per process reads the revision log for everything else: other processes' commits
+//! (woken by PostgreSQL's LISTEN/NOTIFY where the backend can push them, and every poll interval
+//! regardless) and any batch the hub could not take directly because it was not yet caught up.
 //!
 //! # Invariants
 //! - **Delivered revision.** `delivered` (H) only grows. Every change with a revision ≤ H has
 //!   been offered to every stream that had a synced watcher covering its key when it was
-//!   published; batches reach a stream's queue before H moves past them.
+//!   published; batches reach a stream's queue before H moves past them. Both publishers (the
+//!   writer's hand-over and the tailer) publish `(after, through]` only if H is still `after`,
+//!   checked under the registry lock, so revisions are published once each and in order.
 //! - **Synced watchers.** A watcher is *synced* when it sits in the range index and so receives
 //!   every later batch that concerns it. It may join only if it has already seen every change
 //!   up to H (its `next_rev` ≤ H + 1); [`Subscription::join`] checks that under the registry
@@ -218,8 +222,15 @@ impl Hub {
     ) -> mvcc::Result<Self> {
         let start = store.revisions().await?.current;
         let hub = Hub::new(store.backend().clone(), start);
+        let direct = hub.clone();
+        // A store serves one hub; should a second one start, it relies on its tailer alone.
+        store.feed_changes(Box::new(move |after, through, rows| {
+            let events = rows.into_iter().map(Event::from_row).collect();
+            direct.publish(after, through, events);
+        }));
         tasks.spawn(run_tailer(
             hub.clone(),
+            store.clone(),
             store.committed(),
             store.backend().commit_notifications(),
             poll_interval,
@@ -301,10 +312,14 @@ impl Hub {
         Ok((revisions, rows.into_iter().map(Event::from_row).collect()))
     }
 
-    /// Hands the changes in `(H, through]` to the interested streams, then moves H.
-    fn publish(&self, through: i64, events: Vec<Event>) {
-        let batch = Arc::new(Batch { through, events });
+    /// Hands the changes in `(after, through]` to the interested streams and moves H to
+    /// `through`, if H is `after`; otherwise does nothing and returns `false`.
+    fn publish(&self, after: i64, through: i64, events: Vec<Event>) -> bool {
         let mut registry = self.registry();
+        if registry.delivered != after {
+            return false;
+        }
+        let batch = Arc::new(Batch { through, events });
         let mut interested = HashSet::new();
         for event in &batch.events {
             registry.index.streams_for(&event.kv.key, &mut interested);
@@ -340,6 +355,7 @@ impl Hub {
         registry.delivered = through;
         drop(registry);
         self.inner.delivered.send_replace(through);
+        true
     }
 }
 
@@ -425,17 +441,16 @@ impl Drop for Subscription {
 /// Follows the log: after each local commit at once, and every `poll_interval` regardless.
 async fn run_tailer(
     hub: Hub,
+    store: Store,
     mut commits: watch::Receiver<i64>,
     mut remote_commits: Option<watch::Receiver<i64>>,
     poll_interval: Duration,
     shutdown: CancellationToken,
 ) {
-    let mut delivered = hub.delivered();
     let mut retry = Duration::from_millis(50);
     loop {
-        match tail_once(&hub, delivered).await {
-            Ok(through) => {
-                delivered = through;
+        match tail_once(&hub, &store).await {
+            Ok(()) => {
                 retry = Duration::from_millis(50);
             }
             Err(e) => {
@@ -467,17 +482,21 @@ async fn run_tailer(
     }
 }
 
-/// Publishes everything committed after `delivered`; returns the new H.
-async fn tail_once(hub: &Hub, mut delivered: i64) -> mvcc::Result<i64> {
+/// Publishes everything committed after H that the writer did not hand over.
+async fn tail_once(hub: &Hub, store: &Store) -> mvcc::Result<()> {
     loop {
-        let current = hub.inner.backend.read().await?.revisions().await?.current;
+        let current = store.revisions().await?.current;
+        let mut delivered = hub.delivered();
         if current <= delivered {
-            return Ok(delivered);
+            return Ok(());
         }
         while delivered < current {
             let through = (delivered + READ_CHUNK).min(current);
             let (_, events) = hub.read_changes(delivered, through).await?;
-            hub.publish(through, events);
+            if !hub.publish(delivered, through, events) {
+                // The writer handed these over meanwhile; go on from where H is now.
+                break;
+            }
             delivered = through;
         }
     }
@@ -569,7 +588,7 @@ mod tests {
 
         let overflow = 2 + STREAM_QUEUE as i64;
         for revision in 2..=overflow {
-            hub.publish(revision, vec![put_event("k", revision)]);
+            assert!(hub.publish(revision - 1, revision, vec![put_event("k", revision)]));
             // The other stream keeps reading: the slow one does not hold it back.
             assert_eq!(other_batches.recv().await.unwrap().through, revision);
         }
@@ -577,7 +596,14 @@ mod tests {
         assert!(!other.lagged());
         assert_eq!(hub.delivered(), overflow);
         // Nothing more is queued for the lagging stream, and it cannot rejoin yet.
-        hub.publish(overflow + 1, vec![put_event("k", overflow + 1)]);
+        assert!(hub.publish(overflow, overflow + 1, vec![put_event("k", overflow + 1)]));
+        // A publisher that is not caught up (here, out of order) changes nothing.
+        assert!(!hub.publish(
+            overflow - 1,
+            overflow + 1,
+            vec![put_event("k", overflow + 1)]
+        ));
+        assert_eq!(hub.delivered(), overflow + 1);
         assert_eq!(batches.len(), STREAM_QUEUE);
         assert_eq!(sub.join(0, &all, overflow + 2), Err(overflow + 1));
 
@@ -591,12 +617,20 @@ mod tests {
         assert_eq!(last, overflow - 1);
         sub.clear_lag();
         sub.join(0, &all, overflow + 2).unwrap();
-        hub.publish(overflow + 2, vec![put_event("k", overflow + 2)]);
+        assert!(hub.publish(
+            overflow + 1,
+            overflow + 2,
+            vec![put_event("k", overflow + 2)]
+        ));
         assert_eq!(batches.recv().await.unwrap().through, overflow + 2);
 
         // Dropping a subscription removes its watchers from the index.
         drop(sub);
-        hub.publish(overflow + 3, vec![put_event("k", overflow + 3)]);
+        assert!(hub.publish(
+            overflow + 2,
+            overflow + 3,
+            vec![put_event("k", overflow + 3)]
+        ));
         assert!(hub.registry().index.ranges.values().all(|m| m.len() == 1));
     }
 
