@@ -26,7 +26,8 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
     SqliteSynchronous,
 };
-use sqlx::{Connection, Row};
+use sqlx::sqlite::SqliteArguments;
+use sqlx::{Arguments, Connection, Row};
 use tokio::sync::{Mutex, OwnedMappedMutexGuard, OwnedMutexGuard, OwnedSemaphorePermit, Semaphore};
 
 use super::{
@@ -346,13 +347,16 @@ impl SqliteBackend {
             let _ = sqlx::query("ROLLBACK").execute(&mut conn.conn).await;
             conn.open = false;
         }
-        // IMMEDIATE takes SQLite's write lock now rather than at the first write, so the current
-        // revision read at the start cannot be overtaken by another writer.
-        sqlx::query("BEGIN IMMEDIATE")
-            .execute(&mut conn.conn)
-            .await?;
+        // IMMEDIATE takes SQLite's write lock at the start rather than at the first write, so
+        // the current revision read at the start cannot be overtaken by another writer. It is
+        // sent with the first statement; `open` from now on, as that may fail halfway.
+        let mut pending = Pending::default();
+        pending.push("BEGIN IMMEDIATE");
         conn.open = true;
-        Ok(SqliteTxn(Conn::Write(conn)))
+        Ok(SqliteTxn {
+            conn: Conn::Write(conn),
+            pending,
+        })
     }
 }
 
@@ -364,12 +368,12 @@ impl Backend for SqliteBackend {
         // Marked open first: if this future is dropped during BEGIN, the rollback still runs.
         reader.open = true;
         sqlx::query("BEGIN").execute(&mut reader.conn).await?;
-        Ok(Box::new(SqliteTxn(Conn::Read(loan))))
+        Ok(Box::new(SqliteTxn::read(loan)))
     }
 
     /// Every statement runs on its own (autocommit), seeing the newest commit when it starts.
     async fn read_unpinned(&self) -> Result<Box<dyn ReadTxn>> {
-        Ok(Box::new(SqliteTxn(Conn::Read(self.readers.loan().await?))))
+        Ok(Box::new(SqliteTxn::read(self.readers.loan().await?)))
     }
 
     fn sole_writer(&self) -> bool {
@@ -409,6 +413,7 @@ impl Backend for SqliteBackend {
     async fn compact_window(&self, compact: i64, after: i64, through: i64) -> Result<u64> {
         debug_assert!(through <= compact);
         let mut tx = self.begin_write().await?;
+        tx.send_pending().await?;
         // Rows replaced by a change in (after, through]: no read at or above the compact
         // revision can see them, since their successor is at or below it.
         let superseded =
@@ -429,10 +434,9 @@ impl Backend for SqliteBackend {
         .execute(tx.conn())
         .await?
         .rows_affected();
-        sqlx::query("UPDATE meta SET value = MAX(value, ?1) WHERE name = 'compacted_through'")
-            .bind(through)
-            .execute(tx.conn())
-            .await?;
+        tx.pending
+            .push("UPDATE meta SET value = MAX(value, ?) WHERE name = 'compacted_through'");
+        tx.pending.bind(through);
         tx.commit_write().await?;
         Ok(superseded + tombstones)
     }
@@ -457,8 +461,39 @@ impl Backend for SqliteBackend {
     }
 }
 
-/// A read transaction from the pool, or the write transaction: they share their queries.
-struct SqliteTxn(Conn);
+/// A read transaction, or the write transaction: they share their queries.
+///
+/// The write transaction sends what it can in as few round trips as possible: each statement is
+/// a trip to the connection's worker thread, and under load each trip waits for that thread to
+/// be scheduled, which costs more than SQLite's own work. So its BEGIN and every statement whose
+/// result is not needed (inserts, meta updates, savepoints) wait in `pending` and go with the
+/// next statement that must answer, or with the COMMIT: a batch of creates is then one trip, a
+/// batch of updates two. Statements in `pending` use only anonymous `?` parameters, so that a
+/// statement after them may number its own from where theirs end.
+struct SqliteTxn {
+    conn: Conn,
+    pending: Pending,
+}
+
+#[derive(Default)]
+struct Pending {
+    sql: String,
+    args: SqliteArguments,
+}
+
+impl Pending {
+    fn push(&mut self, sql: &str) {
+        self.sql.push_str(sql);
+        self.sql.push_str(";\n");
+    }
+
+    /// Adds a parameter: only values that always encode (integers and blobs) are bound here.
+    fn bind<'q, T: sqlx::Encode<'q, sqlx::Sqlite> + sqlx::Type<sqlx::Sqlite>>(&mut self, value: T) {
+        self.args
+            .add(value)
+            .expect("integers and blobs always encode for SQLite");
+    }
+}
 
 enum Conn {
     Read(ReaderLoan),
@@ -466,32 +501,57 @@ enum Conn {
 }
 
 impl SqliteTxn {
+    fn read(loan: ReaderLoan) -> Self {
+        SqliteTxn {
+            conn: Conn::Read(loan),
+            pending: Pending::default(),
+        }
+    }
+
     fn conn(&mut self) -> &mut SqliteConnection {
-        match &mut self.0 {
+        match &mut self.conn {
             Conn::Read(loan) => &mut loan.conn().conn,
             Conn::Write(writer) => &mut writer.conn,
         }
     }
 
-    /// Commits the write transaction; a read transaction just ends.
+    /// Sends the statements waiting in `pending`.
+    async fn send_pending(&mut self) -> Result<()> {
+        if self.pending.sql.is_empty() {
+            return Ok(());
+        }
+        let Pending { sql, args } = std::mem::take(&mut self.pending);
+        sqlx::query_with(sqlx::AssertSqlSafe(sql), args)
+            .execute(self.conn())
+            .await?;
+        Ok(())
+    }
+
+    /// The connection, once every pending statement has run: for a statement whose answer
+    /// depends on them.
+    async fn ready(&mut self) -> Result<&mut SqliteConnection> {
+        self.send_pending().await?;
+        Ok(self.conn())
+    }
+
+    /// Commits the write transaction, with whatever is pending, in one trip; a read
+    /// transaction just ends.
     async fn commit_write(mut self) -> Result<()> {
-        match &mut self.0 {
-            Conn::Read(_) => {}
-            Conn::Write(writer) => {
-                sqlx::query("COMMIT").execute(&mut writer.conn).await?;
-                writer.open = false;
-            }
+        if matches!(self.conn, Conn::Read(_)) {
+            return Ok(());
+        }
+        self.pending.push("COMMIT");
+        self.send_pending().await?;
+        if let Conn::Write(writer) = &mut self.conn {
+            writer.open = false;
         }
         Ok(())
     }
 
-    async fn set_meta(&mut self, name: &str, value: i64) -> Result<()> {
-        sqlx::query("UPDATE meta SET value = ?1 WHERE name = ?2")
-            .bind(value)
-            .bind(name)
-            .execute(self.conn())
-            .await?;
-        Ok(())
+    fn set_meta(&mut self, name: &'static str, value: i64) {
+        self.pending.push("UPDATE meta SET value = ? WHERE name = ?");
+        self.pending.bind(value);
+        self.pending.bind(name);
     }
 }
 
@@ -508,7 +568,7 @@ impl ReadTxn for SqliteTxn {
         let rows: Vec<(String, i64)> = sqlx::query_as(
             "SELECT name, value FROM meta WHERE name IN ('current_revision', 'compact_revision')",
         )
-        .fetch_all(self.conn())
+        .fetch_all(self.ready().await?)
         .await?;
         let mut revisions = Revisions {
             current: 1,
@@ -529,7 +589,7 @@ impl ReadTxn for SqliteTxn {
             .bind(end_key(scan.end))
             .bind(scan.revision)
             .bind(scan.limit.unwrap_or(-1))
-            .fetch_all(self.conn())
+            .fetch_all(self.ready().await?)
             .await?;
         rows.iter().map(decode_row).collect()
     }
@@ -539,7 +599,7 @@ impl ReadTxn for SqliteTxn {
             .bind(key)
             .bind(end_key(end))
             .bind(revision)
-            .fetch_one(self.conn())
+            .fetch_one(self.ready().await?)
             .await?)
     }
 
@@ -551,7 +611,7 @@ impl ReadTxn for SqliteTxn {
         );
         let row = sqlx::query(sql)
             .bind(key)
-            .fetch_optional(self.conn())
+            .fetch_optional(self.ready().await?)
             .await?;
         row.as_ref().map(decode_row).transpose()
     }
@@ -563,7 +623,7 @@ impl ReadTxn for SqliteTxn {
             "SELECT MAX(revision), sub, name, created, deleted, create_revision, prev_revision, \
              version, lease, x'', NULL, old_lease FROM kv_log GROUP BY name",
         )
-        .fetch_all(self.conn())
+        .fetch_all(self.ready().await?)
         .await?;
         rows.iter().map(decode_row).collect()
     }
@@ -571,8 +631,10 @@ impl ReadTxn for SqliteTxn {
     async fn values_at(&mut self, rows: &[(&[u8], i64)]) -> Result<Vec<Option<Vec<u8>>>> {
         let mut values = vec![None; rows.len()];
         for (chunk_no, chunk) in rows.chunks(VALUES_CHUNK).enumerate() {
+            // Goes with what is pending (the batch's BEGIN, typically): one trip for both.
+            let Pending { mut sql, mut args } = std::mem::take(&mut self.pending);
             // CROSS JOIN keeps the wanted rows as the outer loop, so each is one index lookup.
-            let mut sql = String::from("WITH w(i, n, r) AS (VALUES ");
+            sql.push_str("WITH w(i, n, r) AS (VALUES ");
             for i in 0..chunk.len() {
                 if i > 0 {
                     sql.push(',');
@@ -583,10 +645,11 @@ impl ReadTxn for SqliteTxn {
                 ") SELECT w.i, k.value FROM w CROSS JOIN kv_log AS k \
                  ON k.name = w.n AND k.revision = w.r",
             );
-            let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
             for (key, revision) in chunk {
-                query = query.bind(*key).bind(*revision);
+                args.add(*key).map_err(sqlx::Error::Encode)?;
+                args.add(*revision).map_err(sqlx::Error::Encode)?;
             }
+            let query = sqlx::query_with(sqlx::AssertSqlSafe(sql), args);
             for row in query.fetch_all(self.conn()).await? {
                 let i: i64 = row.try_get(0)?;
                 let value: Vec<u8> = row.try_get(1)?;
@@ -610,7 +673,7 @@ impl ReadTxn for SqliteTxn {
         let rows = sqlx::query(sql)
             .bind(after)
             .bind(through)
-            .fetch_all(self.conn())
+            .fetch_all(self.ready().await?)
             .await?;
         rows.iter().map(decode_row).collect()
     }
@@ -619,7 +682,7 @@ impl ReadTxn for SqliteTxn {
         let row: Option<(i64, i64, i64)> =
             sqlx::query_as("SELECT id, ttl, expires_at FROM leases WHERE id = ?1")
                 .bind(id)
-                .fetch_optional(self.conn())
+                .fetch_optional(self.ready().await?)
                 .await?;
         Ok(row.map(lease_row))
     }
@@ -627,7 +690,7 @@ impl ReadTxn for SqliteTxn {
     async fn leases(&mut self) -> Result<Vec<LeaseRow>> {
         let rows: Vec<(i64, i64, i64)> =
             sqlx::query_as("SELECT id, ttl, expires_at FROM leases ORDER BY id")
-                .fetch_all(self.conn())
+                .fetch_all(self.ready().await?)
                 .await?;
         Ok(rows.into_iter().map(lease_row).collect())
     }
@@ -646,7 +709,7 @@ impl ReadTxn for SqliteTxn {
         let rows = sqlx::query(sql)
             .bind(id)
             .bind(revision)
-            .fetch_all(self.conn())
+            .fetch_all(self.ready().await?)
             .await?;
         rows.iter().map(decode_row).collect()
     }
@@ -658,14 +721,14 @@ impl ReadTxn for SqliteTxn {
         )
         .bind(now)
         .bind(limit)
-        .fetch_all(self.conn())
+        .fetch_all(self.ready().await?)
         .await?;
         Ok(rows.into_iter().map(lease_row).collect())
     }
 
     async fn next_expiry(&mut self) -> Result<Option<i64>> {
         Ok(sqlx::query_scalar("SELECT MIN(expires_at) FROM leases")
-            .fetch_one(self.conn())
+            .fetch_one(self.ready().await?)
             .await?)
     }
 }
@@ -693,6 +756,7 @@ impl WriteTxn for SqliteTxn {
     async fn insert_rows(&mut self, rows: &[LogRow]) -> Result<()> {
         // Each statement is a round trip to sqlx's SQLite worker thread, which costs more than
         // SQLite inserting the row: one multi-row INSERT per chunk.
+        // They wait in `pending` for the next statement that answers, or the COMMIT.
         for chunk in rows.chunks(INSERT_CHUNK) {
             let mut sql =
                 String::from(concat!("INSERT INTO kv_log (", row_columns!(), ") VALUES "));
@@ -701,25 +765,24 @@ impl WriteTxn for SqliteTxn {
                 chunk.len(),
                 "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             );
-            let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+            self.pending.push(&sql);
             for row in chunk {
-                query = query
-                    .bind(row.revision)
-                    .bind(row.sub)
-                    .bind(&row.key)
-                    .bind(row.created)
-                    .bind(row.deleted)
-                    .bind(row.create_revision)
-                    .bind(row.prev_revision)
-                    .bind(row.version)
-                    .bind(row.lease)
-                    .bind(&row.value)
-                    .bind(&row.old_value)
-                    .bind(row.old_lease);
+                let pending = &mut self.pending;
+                pending.bind(row.revision);
+                pending.bind(row.sub);
+                pending.bind(&row.key);
+                pending.bind(row.created);
+                pending.bind(row.deleted);
+                pending.bind(row.create_revision);
+                pending.bind(row.prev_revision);
+                pending.bind(row.version);
+                pending.bind(row.lease);
+                pending.bind(&row.value);
+                pending.bind(&row.old_value);
+                pending.bind(row.old_lease);
             }
-            query.execute(self.conn()).await?;
-            // Mark the rows these replaced, in one statement (after the insert: a row's
-            // predecessor may be an earlier row of the same chunk).
+            // Mark the rows these replaced (after the insert: a row's predecessor may be an
+            // earlier row of the same chunk).
             let replacing: Vec<&LogRow> = chunk.iter().filter(|r| r.prev_revision > 0).collect();
             if replacing.is_empty() {
                 continue;
@@ -727,24 +790,24 @@ impl WriteTxn for SqliteTxn {
             let mut sql = String::from("UPDATE kv_log SET superseded_by = v.column1 FROM (VALUES ");
             push_tuples(&mut sql, replacing.len(), "(?, ?, ?)");
             sql.push_str(") AS v WHERE kv_log.name = v.column2 AND kv_log.revision = v.column3");
-            let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+            self.pending.push(&sql);
             for row in replacing {
-                query = query
-                    .bind(row.revision)
-                    .bind(&row.key)
-                    .bind(row.prev_revision);
+                self.pending.bind(row.revision);
+                self.pending.bind(&row.key);
+                self.pending.bind(row.prev_revision);
             }
-            query.execute(self.conn()).await?;
         }
         Ok(())
     }
 
     async fn set_current_revision(&mut self, revision: i64) -> Result<()> {
-        self.set_meta("current_revision", revision).await
+        self.set_meta("current_revision", revision);
+        Ok(())
     }
 
     async fn set_compact_revision(&mut self, revision: i64) -> Result<()> {
-        self.set_meta("compact_revision", revision).await
+        self.set_meta("compact_revision", revision);
+        Ok(())
     }
 
     async fn insert_lease(&mut self, lease: &LeaseRow) -> Result<bool> {
@@ -755,7 +818,7 @@ impl WriteTxn for SqliteTxn {
         .bind(lease.id)
         .bind(lease.ttl)
         .bind(lease.expires_at)
-        .execute(self.conn())
+        .execute(self.ready().await?)
         .await?
         .rows_affected();
         Ok(inserted == 1)
@@ -765,7 +828,7 @@ impl WriteTxn for SqliteTxn {
         let updated = sqlx::query("UPDATE leases SET expires_at = ?1 WHERE id = ?2")
             .bind(expires_at)
             .bind(id)
-            .execute(self.conn())
+            .execute(self.ready().await?)
             .await?
             .rows_affected();
         Ok(updated == 1)
@@ -774,30 +837,26 @@ impl WriteTxn for SqliteTxn {
     async fn delete_lease(&mut self, id: i64) -> Result<bool> {
         let deleted = sqlx::query("DELETE FROM leases WHERE id = ?1")
             .bind(id)
-            .execute(self.conn())
+            .execute(self.ready().await?)
             .await?
             .rows_affected();
         Ok(deleted == 1)
     }
 
     async fn savepoint(&mut self) -> Result<()> {
-        sqlx::query("SAVEPOINT request")
-            .execute(self.conn())
-            .await?;
+        self.pending.push("SAVEPOINT request");
         Ok(())
     }
 
     async fn release_savepoint(&mut self) -> Result<()> {
-        sqlx::query("RELEASE request").execute(self.conn()).await?;
+        self.pending.push("RELEASE request");
         Ok(())
     }
 
     async fn rollback_to_savepoint(&mut self) -> Result<()> {
         // ROLLBACK TO keeps the savepoint open; release it so the next request starts clean.
-        sqlx::query("ROLLBACK TO request")
-            .execute(self.conn())
-            .await?;
-        sqlx::query("RELEASE request").execute(self.conn()).await?;
+        self.pending.push("ROLLBACK TO request");
+        self.pending.push("RELEASE request");
         Ok(())
     }
 
