@@ -85,6 +85,9 @@ pub(crate) struct KeyIndex {
     undo: Vec<(Vec<u8>, Option<KeyMeta>)>,
     /// Set when the index was found to disagree with the log: it must be loaded afresh.
     stale: bool,
+    /// How many times the writer loaded the index afresh after its first load, so that what
+    /// it remembers beside the index (cached values) can be dropped with it.
+    reloads: u64,
 }
 
 impl KeyIndex {
@@ -102,6 +105,17 @@ impl KeyIndex {
         }
         index.tombstones.make_contiguous().sort_unstable();
         index
+    }
+
+    /// Replaces the index with one loaded afresh, counting the reload.
+    pub fn reload(&mut self, heads: impl IntoIterator<Item = LogRow>, revision: i64) {
+        let reloads = self.reloads + 1;
+        *self = Self::load(heads, revision);
+        self.reloads = reloads;
+    }
+
+    pub fn reloads(&self) -> u64 {
+        self.reloads
     }
 
     /// The revision the index describes (uncommitted changes aside).

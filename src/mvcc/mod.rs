@@ -55,6 +55,7 @@ pub mod compare;
 mod index;
 mod txn;
 pub mod types;
+mod values;
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -67,6 +68,7 @@ use crate::backend::{self, Backend, DbSize, LeaseRow, LogRow, ReadTxn, Revisions
 use compare::{fetch_limit, finish_range};
 use index::KeyIndex;
 use txn::{Batch, TxnExec};
+use values::ValueCache;
 use types::{
     DeleteRequest, DeleteResponse, KeyValue, LeaseOp, LeaseOutcome, Op, OpResponse, PutRequest,
     PutResponse, RangeRequest, RangeResponse, Revisioned, TxnRequest, TxnResponse,
@@ -74,6 +76,9 @@ use types::{
 
 /// Most write requests one database transaction holds.
 const MAX_BATCH: usize = 512;
+/// Memory for the writer's cache of recently written values ([`values`]): enough for the
+/// objects a busy small cluster rewrites, far below what etcd keeps mapped.
+const VALUE_CACHE_BYTES: usize = 64 << 20;
 /// Revisions per physical-compaction transaction: small enough that the writer waits only
 /// milliseconds for one.
 const COMPACTION_CHUNK: i64 = 250;
@@ -570,6 +575,7 @@ async fn run_writer(
     // revisions at the start of a batch. A failed batch may have committed after all (a lost
     // connection while committing), so the next one asks the database.
     let mut trusted = true;
+    let mut values = ValueCache::new(VALUE_CACHE_BYTES);
     let mut batch = Vec::with_capacity(MAX_BATCH);
     let mut outcomes = Vec::with_capacity(MAX_BATCH);
     loop {
@@ -585,9 +591,11 @@ async fn run_writer(
             current: index.revision(),
             compact: published.compact.load(Ordering::SeqCst),
         });
+        let reloads = index.reloads();
         let mut result = apply_batch(
             backend.as_ref(),
             &mut index,
+            &values,
             known,
             compacted,
             batch.drain(..),
@@ -595,6 +603,10 @@ async fn run_writer(
         )
         .await;
         trusted = result.is_ok();
+        if index.reloads() != reloads {
+            // The database may not be the one the cached values came from.
+            values = ValueCache::new(VALUE_CACHE_BYTES);
+        }
         if let Ok(outcome) = &mut result {
             // Everything a reply promises is published before the replies go out: the
             // revisions for snapshot-free reads, the commit for the watch hub.
@@ -602,6 +614,7 @@ async fn run_writer(
                 published.compact.store(compact, Ordering::SeqCst);
             }
             published.current.store(outcome.current, Ordering::SeqCst);
+            values.record(&outcome.rows);
             // Observers before the watch hub, which may look up this commit's time.
             if let Some(observe) = stats.observer.get() {
                 observe(received, outcome.current);
@@ -702,6 +715,7 @@ struct Committed {
 async fn apply_batch(
     backend: &dyn Backend,
     index: &mut KeyIndex,
+    values: &ValueCache,
     known: Option<Revisions>,
     compacted: i64,
     jobs: impl Iterator<Item = WriteJob>,
@@ -716,7 +730,7 @@ async fn apply_batch(
         }
     };
     let mut pending = jobs.into_iter();
-    let mut batch = Batch::new(tx, index);
+    let mut batch = Batch::new(tx, index, values);
     // Where the batch's own changes to the index begin (after bringing it up to date).
     let mut batch_mark = None;
     let step: BatchResult = async {

@@ -28,6 +28,7 @@ use crate::backend::{LogRow, RangeEnd, Revisions, Scan, WriteTxn};
 
 use super::compare::{evaluate, fetch_limit, finish_range};
 use super::index::{KeyIndex, KeyMeta, Mark};
+use super::values::ValueCache;
 use super::types::{
     CompareTarget, DeleteRequest, DeleteResponse, KeyRange, KeyValue, Op, OpResponse, PutRequest,
     PutResponse, RangeRequest, RangeResponse, TxnRequest, TxnResponse,
@@ -51,10 +52,16 @@ pub(crate) struct Batch<'a> {
     savepoint: bool,
     /// Values by `(key, revision)`: every row this batch wrote, and old values fetched ahead.
     values: HashMap<(Vec<u8>, i64), Vec<u8>>,
+    /// Values of rows committed before the batch, as far as the writer remembers them.
+    cache: &'a ValueCache,
 }
 
 impl<'a> Batch<'a> {
-    pub(crate) fn new(tx: Box<dyn WriteTxn>, index: &'a mut KeyIndex) -> Self {
+    pub(crate) fn new(
+        tx: Box<dyn WriteTxn>,
+        index: &'a mut KeyIndex,
+        cache: &'a ValueCache,
+    ) -> Self {
         Self {
             tx,
             index,
@@ -64,6 +71,7 @@ impl<'a> Batch<'a> {
             request_mark: None,
             savepoint: false,
             values: HashMap::new(),
+            cache,
         }
     }
 
@@ -89,7 +97,7 @@ impl<'a> Batch<'a> {
                 "reloading the key index"
             );
             let heads = self.tx.heads().await?;
-            *self.index = KeyIndex::load(heads, now.current);
+            self.index.reload(heads, now.current);
         } else if now.current > known {
             let rows = self.tx.changes(known, now.current).await?;
             for row in &rows {
@@ -140,11 +148,18 @@ impl<'a> Batch<'a> {
     /// The values of rows `(key, revision)` the index names as current: from memory, or else
     /// from the database in one query.
     async fn values_of(&mut self, rows: &[(Vec<u8>, i64)]) -> Result<Vec<Vec<u8>>> {
-        let missing: Vec<(&[u8], i64)> = rows
-            .iter()
-            .filter(|row| !self.values.contains_key(*row))
-            .map(|(key, revision)| (key.as_slice(), *revision))
-            .collect();
+        let mut missing: Vec<(&[u8], i64)> = Vec::new();
+        for row in rows {
+            if self.values.contains_key(row) {
+                continue;
+            }
+            match self.cache.get(&row.0, row.1) {
+                Some(value) => {
+                    self.values.insert(row.clone(), value.to_vec());
+                }
+                None => missing.push((row.0.as_slice(), row.1)),
+            }
+        }
         if !missing.is_empty() {
             // Rows this batch wrote are all in `values`: what is missing was committed before
             // the batch, so SQL has it whether or not `rows` were inserted yet.

@@ -1,0 +1,167 @@
+//! The writer's cache of recently written values.
+//!
+//! A Put or Delete records the value it replaces (the watch's `prev_kv`), and a txn's Range
+//! answers with values; without this cache each batch asks the database for them in a query of
+//! its own before it can write. Keys that are written again soon after (Kubernetes updates the
+//! same objects over and over) find their value here instead.
+//!
+//! # Invariants
+//! - An entry `key → (revision, value)` is exactly the committed row `(key, revision)`: entries
+//!   come only from committed rows ([`ValueCache::record`]), never from a batch still running,
+//!   so a rolled-back write is never cached.
+//! - A lookup names the revision it wants (the key index's newest row), so an entry that is no
+//!   longer the key's newest row (another process wrote it, or a write failed after the index
+//!   was reloaded) is a miss, never a wrong answer.
+//! - Memory is bounded: keys and values together stay within the budget; the entries written
+//!   longest ago are dropped first.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+
+use crate::backend::LogRow;
+
+/// Bytes counted for an entry beyond its key and value (map slot, queue slot, allocations).
+const ENTRY_OVERHEAD: usize = 64;
+
+pub(crate) struct ValueCache {
+    entries: HashMap<Arc<[u8]>, (i64, Vec<u8>)>,
+    /// Keys in the order they were written, with the revision written; an item whose revision
+    /// is no longer its key's entry is stale and skipped.
+    order: VecDeque<(Arc<[u8]>, i64)>,
+    bytes: usize,
+    budget: usize,
+}
+
+impl ValueCache {
+    /// A cache of at most `budget` bytes; 0 caches nothing.
+    pub(crate) fn new(budget: usize) -> Self {
+        Self {
+            entries: HashMap::new(),
+            order: VecDeque::new(),
+            bytes: 0,
+            budget,
+        }
+    }
+
+    /// The value of row `(key, revision)`, if cached.
+    pub(crate) fn get(&self, key: &[u8], revision: i64) -> Option<&[u8]> {
+        match self.entries.get(key) {
+            Some((cached, value)) if *cached == revision => Some(value),
+            _ => None,
+        }
+    }
+
+    /// Takes in the rows of a committed batch, in revision order.
+    pub(crate) fn record(&mut self, rows: &[LogRow]) {
+        for row in rows {
+            self.remove(&row.key);
+            if row.deleted {
+                continue;
+            }
+            let size = Self::size(&row.key, &row.value);
+            if size > self.budget {
+                continue;
+            }
+            let key: Arc<[u8]> = Arc::from(row.key.as_slice());
+            self.entries
+                .insert(key.clone(), (row.revision, row.value.clone()));
+            self.order.push_back((key, row.revision));
+            self.bytes += size;
+        }
+        while self.bytes > self.budget {
+            let Some((key, revision)) = self.order.pop_front() else {
+                break;
+            };
+            if self.entries.get(&key).is_some_and(|(r, _)| *r == revision) {
+                self.remove(&key);
+            }
+        }
+        // Rewrites leave stale items in `order`; drop them before they outnumber the entries.
+        if self.order.len() > 2 * self.entries.len() + 1024 {
+            let entries = &self.entries;
+            self.order
+                .retain(|(key, revision)| entries.get(key).is_some_and(|(r, _)| r == revision));
+        }
+    }
+
+    fn remove(&mut self, key: &[u8]) {
+        if let Some((key, (_, value))) = self.entries.remove_entry(key) {
+            self.bytes -= Self::size(&key, &value);
+        }
+    }
+
+    fn size(key: &[u8], value: &[u8]) -> usize {
+        key.len() + value.len() + ENTRY_OVERHEAD
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.entries.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn put(key: &str, revision: i64, value: &str) -> LogRow {
+        LogRow {
+            revision,
+            sub: 0,
+            key: key.as_bytes().to_vec(),
+            created: false,
+            deleted: false,
+            create_revision: 1,
+            prev_revision: 0,
+            version: 1,
+            lease: 0,
+            value: value.as_bytes().to_vec(),
+            old_value: None,
+            old_lease: 0,
+        }
+    }
+
+    #[test]
+    fn answers_only_for_the_revision_cached() {
+        let mut cache = ValueCache::new(1 << 20);
+        cache.record(&[put("a", 2, "v2")]);
+        assert_eq!(cache.get(b"a", 2), Some(&b"v2"[..]));
+        assert_eq!(cache.get(b"a", 1), None);
+        cache.record(&[put("a", 3, "v3")]);
+        assert_eq!(cache.get(b"a", 2), None);
+        assert_eq!(cache.get(b"a", 3), Some(&b"v3"[..]));
+        let mut tombstone = put("a", 4, "");
+        tombstone.deleted = true;
+        cache.record(&[tombstone]);
+        assert_eq!(cache.get(b"a", 3), None);
+        assert_eq!(cache.len(), 0);
+    }
+
+    #[test]
+    fn stays_within_its_budget_dropping_the_oldest_writes() {
+        let entry = ValueCache::size(b"k00", b"0123456789");
+        let mut cache = ValueCache::new(3 * entry);
+        for (revision, key) in ["k00", "k01", "k02", "k03"].iter().enumerate() {
+            cache.record(&[put(key, revision as i64 + 1, "0123456789")]);
+        }
+        assert!(cache.bytes <= 3 * entry);
+        assert_eq!(cache.get(b"k00", 1), None);
+        assert!(cache.get(b"k03", 4).is_some());
+        // Rewriting a key makes it the newest: k02 goes first now, not k01.
+        cache.record(&[put("k01", 5, "0123456789"), put("k04", 6, "0123456789")]);
+        assert_eq!(cache.get(b"k02", 3), None);
+        assert!(cache.get(b"k01", 5).is_some());
+        assert!(cache.get(b"k04", 6).is_some());
+        assert_eq!(cache.bytes, 3 * entry);
+    }
+
+    #[test]
+    fn rewriting_one_key_does_not_grow_the_queue_without_bound() {
+        let mut cache = ValueCache::new(1 << 20);
+        for revision in 1..10_000 {
+            cache.record(&[put("hot", revision, "v")]);
+        }
+        assert_eq!(cache.len(), 1);
+        assert!(cache.order.len() <= 2 + 1024);
+    }
+}
