@@ -1008,6 +1008,10 @@ impl Backend for InstrumentedBackend {
         Ok(removed)
     }
 
+    async fn sync(&self) -> backend::Result<()> {
+        timed(&self.metrics, "sync", self.inner.sync()).await
+    }
+
     async fn compacted_through(&self) -> backend::Result<i64> {
         timed(
             &self.metrics,

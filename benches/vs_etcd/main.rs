@@ -233,12 +233,13 @@ where
     tokio::time::sleep(Duration::from_millis(500)).await;
     let metrics_before = system::scrape_metrics(&server.endpoint).await;
     server.reset_peak_rss();
-    let (cpu0, db0, me0, cs0, busy0) = (
+    let (cpu0, db0, me0, cs0, busy0, disk0) = (
         server.cpu_seconds(),
         server.db_cpu_seconds(),
         system::self_cpu_seconds(),
         server.context_switches(),
         system::machine_busy_seconds(),
+        server.disk_write_bytes(),
     );
     let profiler = perf.and_then(|(dir, args)| {
         let file = dir.join(format!("{}-{name}.data", server.kind.name()));
@@ -252,13 +253,14 @@ where
         error_samples: vec![e],
         extra: Map::new(),
     });
-    let (cpu1, db1, me1, cs1, busy1, rss) = (
+    let (cpu1, db1, me1, cs1, busy1, rss, disk1) = (
         server.cpu_seconds(),
         server.db_cpu_seconds(),
         system::self_cpu_seconds(),
         server.context_switches(),
         system::machine_busy_seconds(),
         server.peak_rss_bytes(),
+        server.disk_write_bytes(),
     );
     if let Some(p) = profiler {
         p.stop();
@@ -304,6 +306,7 @@ where
         db_cpu_s: db_cpu,
         client_cpu_s: client_cpu,
         server_context_switches: cs1.saturating_sub(cs0),
+        server_disk_write_bytes: disk1.saturating_sub(disk0),
         other_cpu_s: (busy1 - busy0 - server_cpu - db_cpu.unwrap_or(0.0) - client_cpu).max(0.0),
         peak_rss_mib: rss as f64 / 1048576.0,
         errors: m.errors,

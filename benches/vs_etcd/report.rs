@@ -28,6 +28,8 @@ pub struct WorkloadResult {
     pub client_cpu_s: f64,
     /// Context switches of the server's threads during the workload.
     pub server_context_switches: u64,
+    /// Bytes the server wrote to storage during the workload (PostgreSQL's excluded).
+    pub server_disk_write_bytes: u64,
     /// CPU the rest of the machine used meanwhile (other processes on this shared machine):
     /// large values mean the measurement was disturbed.
     pub other_cpu_s: f64,
@@ -175,8 +177,8 @@ impl Run {
     /// What each workload cost the server, and how much else was running meanwhile.
     pub fn resources(&self) -> String {
         let mut out = String::from(
-            "| workload | system | server CPU s | CPU ms/op | ctx switches/op | peak RSS MiB | other CPU s | CPU/op ÷ etcd | RSS ÷ etcd |\n\
-             |---|---|--:|--:|--:|--:|--:|--:|--:|\n",
+            "| workload | system | server CPU s | CPU ms/op | ctx switches/op | disk KiB/op | peak RSS MiB | other CPU s | CPU/op ÷ etcd | RSS ÷ etcd |\n\
+             |---|---|--:|--:|--:|--:|--:|--:|--:|--:|\n",
         );
         for (s, w, base) in self.rows() {
             let cpu = match w.db_cpu_s {
@@ -192,11 +194,12 @@ impl Run {
             };
             let _ = writeln!(
                 out,
-                "| {} | {} | {cpu} | {} | {} | {} | {} | {r_cpu} | {r_rss} |",
+                "| {} | {} | {cpu} | {} | {} | {} | {} | {} | {r_cpu} | {r_rss} |",
                 w.name,
                 s.name,
                 f(w.cpu_ms_per_op()),
                 f(w.server_context_switches as f64 / w.ops.max(1) as f64),
+                f(w.server_disk_write_bytes as f64 / 1024.0 / w.ops.max(1) as f64),
                 f(w.peak_rss_mib),
                 f(w.other_cpu_s),
             );

@@ -324,6 +324,17 @@ impl Server {
             .sum()
     }
 
+    /// Bytes the server has caused to be written to storage so far (`write_bytes` of
+    /// `/proc/PID/io`: its WAL and database writes, not its network traffic). PostgreSQL's own
+    /// writes are not included.
+    pub fn disk_write_bytes(&self) -> u64 {
+        fs::read_to_string(format!("/proc/{}/io", self.pid()))
+            .unwrap_or_default()
+            .lines()
+            .find_map(|l| l.strip_prefix("write_bytes:")?.trim().parse().ok())
+            .unwrap_or(0)
+    }
+
     /// CPU seconds of the PostgreSQL backends serving this server's database, when it keeps
     /// its data there: etcdsql's own CPU time is then only part of the cost. PostgreSQL's
     /// shared background processes (WAL writer, checkpointer) also serve other databases and

@@ -102,6 +102,13 @@ pub enum Error {
         path: String,
         source: std::io::Error,
     },
+    #[error("cannot open the write-ahead log {path}: {source}")]
+    OpenWal {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("cannot make the write-ahead log durable: {0}")]
+    Sync(std::io::Error),
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
@@ -135,6 +142,11 @@ pub trait Backend: Send + Sync + 'static {
     async fn compact_window(&self, compact: i64, after: i64, through: i64) -> Result<u64>;
     /// The revision up to which physical compaction has finished.
     async fn compacted_through(&self) -> Result<i64>;
+    /// Makes every write transaction committed so far durable. A backend whose commit is durable
+    /// by itself (PostgreSQL) has nothing to do; SQLite's commit only writes, and this fsyncs.
+    async fn sync(&self) -> Result<()> {
+        Ok(())
+    }
     /// Wake-ups for commits made by other processes sharing the database, if the database can
     /// push them (PostgreSQL's LISTEN/NOTIFY); `None` means the watch hub must poll.
     fn commit_notifications(&self) -> Option<tokio::sync::watch::Receiver<i64>> {

@@ -2,10 +2,17 @@
 //!
 //! Writers share exactly one connection, behind a mutex, so "one write transaction at a time"
 //! holds inside this process without relying on SQLite's busy handler; readers use their own
-//! read-only connections and, thanks to WAL, never block the writer or wait for it. `synchronous=FULL`
-//! makes a committed transaction survive power loss: under WAL, NORMAL may lose the last commits,
-//! which would break "an acknowledged write is never lost". Group commit in the MVCC layer keeps
-//! that to one fsync per batch rather than per request.
+//! read-only connections and, thanks to WAL, never block the writer or wait for it.
+//!
+//! Durability: the writer's connection runs with `synchronous=NORMAL`, so its COMMIT appends the
+//! transaction to the WAL without waiting for the disk, and [`Backend::sync`] then fsyncs the WAL
+//! file, which makes every commit before it survive power loss. The MVCC layer acknowledges a
+//! batch only after such a sync, and meanwhile runs the next batch: the disk's latency overlaps
+//! the next batch's work instead of adding to it. (With `synchronous=FULL` the fsync would happen
+//! inside COMMIT, with the writer connection idle.) A crash before the sync loses only
+//! unacknowledged commits, and SQLite's WAL recovery drops a torn tail by its checksums.
+//! Checkpoints keep their own order safe: they fsync the WAL before copying from it and the
+//! database file after.
 //!
 //! Checkpoints (copying the WAL back into the database file, and fsyncing it) run on their own
 //! connection in the background, never inside a commit: SQLite's automatic checkpoint would make
@@ -22,11 +29,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use sqlx::sqlite::SqliteArguments;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
     SqliteSynchronous,
 };
-use sqlx::sqlite::SqliteArguments;
 use sqlx::{Arguments, Connection, Row};
 use tokio::sync::{Mutex, OwnedMappedMutexGuard, OwnedMutexGuard, OwnedSemaphorePermit, Semaphore};
 
@@ -154,6 +161,10 @@ pub struct SqliteBackend {
     /// The background checkpoints' own connection, and their task (stopped on close).
     checkpointer: SqlitePool,
     checkpoints: tokio::task::JoinHandle<()>,
+    /// The WAL file, for [`Backend::sync`]: fsync makes the file durable whichever descriptor
+    /// wrote it. SQLite keeps the file (never deleting or replacing it) while connections are
+    /// open, and this backend keeps its connections open until it closes.
+    wal: Arc<std::fs::File>,
 }
 
 /// How often the background task checkpoints the WAL.
@@ -305,8 +316,13 @@ impl SqliteBackend {
             .busy_timeout(Duration::from_secs(10))
             .pragma("cache_size", "-32768")
             .pragma("temp_store", "memory");
-        let mut writer =
-            SqliteConnection::connect_with(&base.clone().pragma("wal_autocheckpoint", "0")).await?;
+        let mut writer = SqliteConnection::connect_with(
+            &base
+                .clone()
+                .synchronous(SqliteSynchronous::Normal)
+                .pragma("wal_autocheckpoint", "0"),
+        )
+        .await?;
         MIGRATOR.run(&mut writer).await?;
         let cluster_id = rand::random::<u64>() >> 1 | 1;
         sqlx::query("INSERT OR IGNORE INTO meta (name, value) VALUES ('cluster_id', ?)")
@@ -323,6 +339,17 @@ impl SqliteBackend {
             .max_connections(1)
             .connect_with(base.pragma("wal_autocheckpoint", "0"))
             .await?;
+        // SQLite created the WAL file when the writer switched the database to WAL mode; it
+        // names the database file as it resolved it.
+        let file: String =
+            sqlx::query_scalar("SELECT file FROM pragma_database_list WHERE name = 'main'")
+                .fetch_one(&mut writer)
+                .await?;
+        let wal_path = format!("{file}-wal");
+        let wal = std::fs::File::open(&wal_path).map_err(|source| Error::OpenWal {
+            path: wal_path,
+            source,
+        })?;
         let checkpoints = tokio::spawn(run_checkpoints(checkpointer.clone()));
         Ok(Self {
             writer: Arc::new(Mutex::new(Some(WriterConn {
@@ -332,6 +359,7 @@ impl SqliteBackend {
             readers,
             checkpointer,
             checkpoints,
+            wal: Arc::new(wal),
         })
     }
 
@@ -378,6 +406,14 @@ impl Backend for SqliteBackend {
 
     fn sole_writer(&self) -> bool {
         true
+    }
+
+    async fn sync(&self) -> Result<()> {
+        let wal = self.wal.clone();
+        tokio::task::spawn_blocking(move || wal.sync_data())
+            .await
+            .map_err(|e| Error::Sync(std::io::Error::other(e)))?
+            .map_err(Error::Sync)
     }
 
     async fn write(&self) -> Result<Box<dyn WriteTxn>> {
@@ -549,7 +585,8 @@ impl SqliteTxn {
     }
 
     fn set_meta(&mut self, name: &'static str, value: i64) {
-        self.pending.push("UPDATE meta SET value = ? WHERE name = ?");
+        self.pending
+            .push("UPDATE meta SET value = ? WHERE name = ?");
         self.pending.bind(value);
         self.pending.bind(name);
     }

@@ -9,10 +9,17 @@
 //! # Group commit
 //! Every write (Put, DeleteRange, Txn, Compact, lease changes) is sent to the writer task. It
 //! takes all jobs waiting in its queue (up to [`MAX_BATCH`]), runs them one after another in one
-//! database transaction, and commits once. Replies go out only after the commit, so an
-//! acknowledged write is durable, and a batch costs one fsync however many requests it holds.
+//! database transaction, and commits once. Replies go out only once the commit is durable, so an
+//! acknowledged write is never lost, and a batch costs one fsync however many requests it holds.
 //! Conflicts cannot arise: each request sees the effects of the ones before it, exactly as if
 //! they had run one at a time.
+//!
+//! Where the backend's commit returns before it is durable (SQLite: it writes the log and leaves
+//! the fsync to [`Backend::sync`]), the writer does not wait for the disk: it hands the batch to
+//! the acknowledger and runs the next batch while the previous one syncs. The acknowledger
+//! answers batches strictly in order, and only after a sync that began after their commit; until
+//! then nothing outside the writer learns of them (readers use the published revision, the watch
+//! hub is handed rows only then).
 //!
 //! # The writer's key index
 //! The writer keeps the metadata of every key's newest row in memory ([`index`]), so compares
@@ -68,11 +75,11 @@ use crate::backend::{self, Backend, DbSize, LeaseRow, LogRow, ReadTxn, Revisions
 use compare::{fetch_limit, finish_range};
 use index::KeyIndex;
 use txn::{Batch, TxnExec};
-use values::ValueCache;
 use types::{
     DeleteRequest, DeleteResponse, KeyValue, LeaseOp, LeaseOutcome, Op, OpResponse, PutRequest,
     PutResponse, RangeRequest, RangeResponse, Revisioned, TxnRequest, TxnResponse,
 };
+use values::ValueCache;
 
 /// Most write requests one database transaction holds.
 const MAX_BATCH: usize = 512;
@@ -282,18 +289,25 @@ impl Store {
             current: AtomicI64::new(start.current),
             compact: AtomicI64::new(start.compact),
         });
+        let (acks, committing) = mpsc::channel(1);
         tracker.spawn(run_writer(
             backend.clone(),
             index,
+            start,
             queue,
+            compacted.clone(),
+            acks,
+            shutdown.clone(),
+        ));
+        tracker.spawn(run_acknowledger(
+            backend.clone(),
+            committing,
             WriterSignals {
-                compacted: compacted.clone(),
                 compact_target,
                 committed: committed_tx,
                 published: published.clone(),
             },
             stats.clone(),
-            shutdown.clone(),
         ));
         tracker.spawn(run_compactor(
             backend.clone(),
@@ -543,10 +557,8 @@ impl Store {
     }
 }
 
-/// What the writer exchanges with the compactor and the watch hub.
+/// What the acknowledger tells the compactor, the watch hub and readers.
 struct WriterSignals {
-    /// The compactor's progress: tombstones below it are gone from the log (and the index).
-    compacted: watch::Receiver<i64>,
     /// Tells the compactor the compact revision a batch set.
     compact_target: watch::Sender<i64>,
     /// The newest committed revision, for the watch hub.
@@ -555,29 +567,27 @@ struct WriterSignals {
     published: Arc<Published>,
 }
 
-/// The single writer: drains the queue in batches, one database transaction per batch.
+/// The single writer: drains the queue in batches, one database transaction per batch, and
+/// hands each batch to [`run_acknowledger`], which answers it once it is durable. The writer
+/// goes on with the next batch meanwhile; the channel between them holds one batch, so it is
+/// never more than a couple of batches ahead of durability.
 async fn run_writer(
     backend: Arc<dyn Backend>,
     mut index: KeyIndex,
+    start: Revisions,
     mut queue: mpsc::Receiver<WriteJob>,
-    signals: WriterSignals,
-    stats: Arc<WriteCounters>,
+    compacted: watch::Receiver<i64>,
+    acks: mpsc::Sender<Committing>,
     shutdown: CancellationToken,
 ) {
-    let WriterSignals {
-        compacted,
-        compact_target,
-        committed,
-        published,
-    } = signals;
     let sole_writer = backend.sole_writer();
     // Whether the index is known to match the database: then a sole writer need not read the
     // revisions at the start of a batch. A failed batch may have committed after all (a lost
     // connection while committing), so the next one asks the database.
     let mut trusted = true;
+    let mut compact = start.compact;
     let mut values = ValueCache::new(VALUE_CACHE_BYTES);
     let mut batch = Vec::with_capacity(MAX_BATCH);
-    let mut outcomes = Vec::with_capacity(MAX_BATCH);
     loop {
         let received = tokio::select! {
             n = queue.recv_many(&mut batch, MAX_BATCH) => n,
@@ -589,10 +599,11 @@ async fn run_writer(
         let compacted = *compacted.borrow();
         let known = (sole_writer && trusted).then(|| Revisions {
             current: index.revision(),
-            compact: published.compact.load(Ordering::SeqCst),
+            compact,
         });
         let reloads = index.reloads();
-        let mut result = apply_batch(
+        let mut outcomes = Vec::with_capacity(received);
+        let result = apply_batch(
             backend.as_ref(),
             &mut index,
             &values,
@@ -607,49 +618,102 @@ async fn run_writer(
             // The database may not be the one the cached values came from.
             values = ValueCache::new(VALUE_CACHE_BYTES);
         }
-        if let Ok(outcome) = &mut result {
-            // Everything a reply promises is published before the replies go out: the
-            // revisions for snapshot-free reads, the commit for the watch hub.
-            if let Some(compact) = outcome.compact {
-                published.compact.store(compact, Ordering::SeqCst);
-            }
-            published.current.store(outcome.current, Ordering::SeqCst);
-            values.record(&outcome.rows);
-            // Observers before the watch hub, which may look up this commit's time.
-            if let Some(observe) = stats.observer.get() {
-                observe(received, outcome.current);
-            }
-            if outcome.current > outcome.before
-                && let Some(sink) = stats.changes.get()
-            {
-                sink(
-                    outcome.before,
-                    outcome.current,
-                    std::mem::take(&mut outcome.rows),
-                );
-            }
-            committed.send_if_modified(|current| {
-                let moved = outcome.current > *current;
-                *current = (*current).max(outcome.current);
-                moved
-            });
+        if let Ok(committed) = &result {
+            values.record(&committed.rows);
+            compact = committed.compact.unwrap_or(compact);
         }
-        if let Err(e) = &result {
-            tracing::warn!(error = %e, requests = outcomes.len(), "write batch failed");
-        }
-        for outcome in outcomes.drain(..) {
-            outcome.send(&result);
-        }
-        if let Ok(outcome) = result {
-            stats.batches.fetch_add(1, Ordering::Relaxed);
-            stats.requests.fetch_add(received as u64, Ordering::Relaxed);
-            if let Some(compact) = outcome.compact {
-                compact_target.send_replace(compact);
-            }
+        let committing = Committing {
+            received,
+            result,
+            outcomes,
+        };
+        if acks.send(committing).await.is_err() {
+            break;
         }
     }
     // Requests still queued at shutdown were never acknowledged: dropping them tells callers.
     queue.close();
+}
+
+/// A batch the writer has run, on its way to its replies.
+struct Committing {
+    /// Requests the batch held.
+    received: usize,
+    result: BatchResult,
+    outcomes: Vec<Outcome>,
+}
+
+/// Answers the writer's batches in order, each once it is durable: one
+/// [`Backend::sync`] covers every batch committed before it, so batches that queued up
+/// while the last one was syncing share the next.
+async fn run_acknowledger(
+    backend: Arc<dyn Backend>,
+    mut batches: mpsc::Receiver<Committing>,
+    signals: WriterSignals,
+    stats: Arc<WriteCounters>,
+) {
+    let WriterSignals {
+        compact_target,
+        committed,
+        published,
+    } = signals;
+    let mut ready = Vec::new();
+    while batches.recv_many(&mut ready, MAX_BATCH).await > 0 {
+        if ready.iter().any(|batch| batch.result.is_ok())
+            && let Err(e) = backend.sync().await
+        {
+            // As etcd and PostgreSQL do: after a failed fsync nothing tells which writes
+            // reached the disk, so no answer can be trusted; the restart recovers what did.
+            tracing::error!(error = %e, "making commits durable failed; stopping");
+            std::process::abort();
+        }
+        for batch in ready.drain(..) {
+            let Committing {
+                received,
+                mut result,
+                outcomes,
+            } = batch;
+            if let Ok(outcome) = &mut result {
+                // Everything a reply promises is published before the replies go out: the
+                // revisions for snapshot-free reads, the commit for the watch hub.
+                if let Some(compact) = outcome.compact {
+                    published.compact.store(compact, Ordering::SeqCst);
+                }
+                published.current.store(outcome.current, Ordering::SeqCst);
+                // Observers before the watch hub, which may look up this commit's time.
+                if let Some(observe) = stats.observer.get() {
+                    observe(received, outcome.current);
+                }
+                if outcome.current > outcome.before
+                    && let Some(sink) = stats.changes.get()
+                {
+                    sink(
+                        outcome.before,
+                        outcome.current,
+                        std::mem::take(&mut outcome.rows),
+                    );
+                }
+                committed.send_if_modified(|current| {
+                    let moved = outcome.current > *current;
+                    *current = (*current).max(outcome.current);
+                    moved
+                });
+            }
+            if let Err(e) = &result {
+                tracing::warn!(error = %e, requests = outcomes.len(), "write batch failed");
+            }
+            for outcome in outcomes {
+                outcome.send(&result);
+            }
+            if let Ok(outcome) = result {
+                stats.batches.fetch_add(1, Ordering::Relaxed);
+                stats.requests.fetch_add(received as u64, Ordering::Relaxed);
+                if let Some(compact) = outcome.compact {
+                    compact_target.send_replace(compact);
+                }
+            }
+        }
+    }
 }
 
 /// What one job of a batch will be answered, once the batch has committed.

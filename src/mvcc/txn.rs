@@ -28,11 +28,11 @@ use crate::backend::{LogRow, RangeEnd, Revisions, Scan, WriteTxn};
 
 use super::compare::{evaluate, fetch_limit, finish_range};
 use super::index::{KeyIndex, KeyMeta, Mark};
-use super::values::ValueCache;
 use super::types::{
     CompareTarget, DeleteRequest, DeleteResponse, KeyRange, KeyValue, Op, OpResponse, PutRequest,
     PutResponse, RangeRequest, RangeResponse, TxnRequest, TxnResponse,
 };
+use super::values::ValueCache;
 use super::{Error, Result};
 
 /// The writer's state while it runs one batch.
