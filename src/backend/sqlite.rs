@@ -523,11 +523,11 @@ impl Pending {
         self.sql.push_str(";\n");
     }
 
-    /// Adds a parameter: only values that always encode (integers and blobs) are bound here.
+    /// Adds a parameter: only values that always encode (integers, blobs, text) are bound here.
     fn bind<'q, T: sqlx::Encode<'q, sqlx::Sqlite> + sqlx::Type<sqlx::Sqlite>>(&mut self, value: T) {
         self.args
             .add(value)
-            .expect("integers and blobs always encode for SQLite");
+            .expect("integers, blobs and text always encode for SQLite");
     }
 }
 

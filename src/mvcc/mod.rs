@@ -43,8 +43,8 @@
 //! Range reads run on the backend's read snapshots, concurrently with the writer. They see every
 //! acknowledged write because replies follow commits.
 //!
-//! When this process is the database's only writer (SQLite), the writer publishes the current
-//! and compact revisions in memory after each commit and before its replies, so a read needs no
+//! When this process is the database's only writer (SQLite), the current and compact revisions
+//! are published in memory once each commit is durable and before its replies, so a read needs no
 //! snapshot: it takes the published current revision R (every acknowledged write is at or
 //! below it) and reads the rows visible at R with single statements, each of which sees at
 //! least R. Rows visible at R never change afterwards; only compaction past R could delete
@@ -216,7 +216,7 @@ struct Inner {
     published: Arc<Published>,
 }
 
-/// The revisions as of the writer's last commit, stored before that commit's replies are sent.
+/// The revisions as of the last durable commit, stored before that commit's replies are sent.
 struct Published {
     current: AtomicI64,
     compact: AtomicI64,
@@ -242,15 +242,15 @@ struct WriteCounters {
     changes: OnceLock<ChangeSink>,
 }
 
-/// Called by the writer after each committed batch with the number of requests the batch held
-/// and the current revision after it. It runs on the writer task: it must be quick and must
-/// not block.
+/// Called after each committed batch, once it is durable, with the number of requests the batch
+/// held and the current revision after it. It runs on the task that sends the writer's replies:
+/// it must be quick and must not block.
 pub type CommitObserver = Box<dyn Fn(usize, i64) + Send + Sync>;
 
-/// Called by the writer after each committed batch that changed something, before the batch's
+/// Called after each committed batch that changed something, once it is durable and before its
 /// replies are sent, with the revision before the batch, the revision after it and the rows of
-/// the revisions in between, in order. It runs on the writer task: it must be quick and must not
-/// block.
+/// the revisions in between, in order. It runs on the task that sends the writer's replies: it
+/// must be quick and must not block.
 pub type ChangeSink = Box<dyn Fn(i64, i64, Vec<LogRow>) + Send + Sync>;
 
 /// How many write requests the writer has committed, in how many database transactions.
