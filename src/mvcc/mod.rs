@@ -18,8 +18,9 @@
 //! the fsync to [`Backend::sync`]), the writer does not wait for the disk: it hands the batch to
 //! the acknowledger and runs the next batch while the previous one syncs. The acknowledger
 //! answers batches strictly in order, and only after a sync that began after their commit; until
-//! then nothing outside the writer learns of them (readers use the published revision, the watch
-//! hub is handed rows only then).
+//! then no reader of the log learns of them (reads use the published revision, the watch hub is
+//! handed rows only then). The lease table has no revisions: a lease read may see a grant or
+//! revocation up to one sync before it is answered.
 //!
 //! # The writer's key index
 //! The writer keeps the metadata of every key's newest row in memory ([`index`]), so compares
@@ -510,7 +511,7 @@ impl Store {
         with_keys: bool,
     ) -> Result<Revisioned<Option<(LeaseRow, Vec<Vec<u8>>)>>> {
         let mut tx = self.inner.backend.read().await?;
-        let revision = tx.revisions().await?.current;
+        let revision = self.snapshot_revision(tx.as_mut()).await?;
         let Some(lease) = tx.lease(id).await? else {
             return Ok(Revisioned {
                 revision,
@@ -535,9 +536,18 @@ impl Store {
     /// The backend is unreachable.
     pub async fn leases(&self) -> Result<Revisioned<Vec<LeaseRow>>> {
         let mut tx = self.inner.backend.read().await?;
-        let revision = tx.revisions().await?.current;
+        let revision = self.snapshot_revision(tx.as_mut()).await?;
         let value = tx.leases().await?;
         Ok(Revisioned { revision, value })
+    }
+
+    /// The revision a read on snapshot `tx` reports: the snapshot's own, or for a sole writer
+    /// the published one, since the snapshot may hold a commit that is not yet durable.
+    async fn snapshot_revision(&self, tx: &mut dyn ReadTxn) -> Result<i64> {
+        if self.inner.sole_writer {
+            return Ok(self.inner.published.current.load(Ordering::SeqCst));
+        }
+        Ok(tx.revisions().await?.current)
     }
 
     /// The earliest lease deadline (Unix milliseconds), if any lease exists.
