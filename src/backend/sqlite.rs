@@ -669,7 +669,8 @@ impl ReadTxn for SqliteTxn {
         let mut values = vec![None; rows.len()];
         for (chunk_no, chunk) in rows.chunks(VALUES_CHUNK).enumerate() {
             // Goes with what is pending (the batch's BEGIN, typically): one trip for both.
-            let Pending { mut sql, mut args } = std::mem::take(&mut self.pending);
+            let mut pending = std::mem::take(&mut self.pending);
+            let sql = &mut pending.sql;
             // CROSS JOIN keeps the wanted rows as the outer loop, so each is one index lookup.
             sql.push_str("WITH w(i, n, r) AS (VALUES ");
             for i in 0..chunk.len() {
@@ -683,10 +684,10 @@ impl ReadTxn for SqliteTxn {
                  ON k.name = w.n AND k.revision = w.r",
             );
             for (key, revision) in chunk {
-                args.add(*key).map_err(sqlx::Error::Encode)?;
-                args.add(*revision).map_err(sqlx::Error::Encode)?;
+                pending.bind(*key);
+                pending.bind(*revision);
             }
-            let query = sqlx::query_with(sqlx::AssertSqlSafe(sql), args);
+            let query = sqlx::query_with(sqlx::AssertSqlSafe(pending.sql), pending.args);
             for row in query.fetch_all(self.conn()).await? {
                 let i: i64 = row.try_get(0)?;
                 let value: Vec<u8> = row.try_get(1)?;
@@ -792,8 +793,8 @@ fn push_tuples(sql: &mut String, count: usize, tuple: &str) {
 impl WriteTxn for SqliteTxn {
     async fn insert_rows(&mut self, rows: &[LogRow]) -> Result<()> {
         // Each statement is a round trip to sqlx's SQLite worker thread, which costs more than
-        // SQLite inserting the row: one multi-row INSERT per chunk.
-        // They wait in `pending` for the next statement that answers, or the COMMIT.
+        // SQLite inserting the row: one multi-row INSERT per chunk, waiting in `pending` for the
+        // next statement that answers, or the COMMIT.
         for chunk in rows.chunks(INSERT_CHUNK) {
             let mut sql =
                 String::from(concat!("INSERT INTO kv_log (", row_columns!(), ") VALUES "));
