@@ -1207,3 +1207,73 @@ async fn reads_racing_compaction_are_exact_or_refused() {
     );
     server.stop().await;
 }
+
+/// Single-key gets at the current revision (served from memory when the key was written
+/// recently) agree with a prefix read of the same revision (served by SQL) while the keys are
+/// put, put with a lease, deleted and re-created underneath.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gets_agree_with_range_reads_at_their_revision() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(dir.path()).await;
+    let mut writer = server.client().await;
+    let lease = writer.lease_grant(600, None).await.unwrap().id();
+    let writes = tokio::spawn(async move {
+        for i in 0..400 {
+            let key = format!("/agree/{}", i % 5);
+            match i % 4 {
+                0 | 1 => drop(writer.put(key, format!("v{i}"), None).await.unwrap()),
+                2 => {
+                    let options = PutOptions::new().with_lease(lease);
+                    drop(writer.put(key, format!("l{i}"), Some(options)).await.unwrap());
+                }
+                _ => drop(writer.delete(key, None).await.unwrap()),
+            }
+        }
+    });
+    let mut readers = tokio::task::JoinSet::new();
+    for _ in 0..2 {
+        let mut reader = server.client().await;
+        readers.spawn(async move {
+            let mut checked = 0;
+            for round in 0..150 {
+                let key = format!("/agree/{}", round % 5);
+                let got = reader.get(key.as_str(), None).await.unwrap();
+                let at = rev(got.header());
+                let all = GetOptions::new().with_prefix().with_revision(at);
+                let listed = reader.get("/agree/", Some(all)).await.unwrap();
+                let expected: Vec<_> = listed
+                    .kvs()
+                    .iter()
+                    .filter(|kv| kv.key() == key.as_bytes())
+                    .collect();
+                let fields = |kv: &etcd_client::KeyValue| {
+                    let meta = (kv.create_revision(), kv.mod_revision(), kv.version());
+                    (meta, kv.lease(), kv.value().to_vec())
+                };
+                assert_eq!(
+                    got.kvs().iter().map(fields).collect::<Vec<_>>(),
+                    expected.iter().map(|kv| fields(kv)).collect::<Vec<_>>(),
+                    "{key} at revision {at}"
+                );
+                assert_eq!(got.count(), expected.len() as i64);
+                let counted = reader
+                    .get(key.as_str(), Some(GetOptions::new().with_count_only()))
+                    .await
+                    .unwrap();
+                if rev(counted.header()) == at {
+                    assert!(counted.kvs().is_empty());
+                    assert_eq!(counted.count(), expected.len() as i64);
+                    checked += 1;
+                }
+            }
+            checked
+        });
+    }
+    let mut checked = 0;
+    while let Some(done) = readers.join_next().await {
+        checked += done.unwrap();
+    }
+    writes.await.unwrap();
+    assert!(checked > 0, "no count-only get landed on the revision of its get");
+    server.stop().await;
+}

@@ -88,6 +88,8 @@ pub(crate) struct KeyIndex {
     /// How many times the writer loaded the index afresh after its first load, so that what
     /// it remembers beside the index (cached values) can be dropped with it.
     reloads: u64,
+    /// How many times the index took in rows this writer did not write ([`KeyIndex::catch_up`]).
+    catch_ups: u64,
 }
 
 impl KeyIndex {
@@ -109,13 +111,28 @@ impl KeyIndex {
 
     /// Replaces the index with one loaded afresh, counting the reload.
     pub fn reload(&mut self, heads: impl IntoIterator<Item = LogRow>, revision: i64) {
-        let reloads = self.reloads + 1;
+        let (reloads, catch_ups) = (self.reloads + 1, self.catch_ups);
         *self = Self::load(heads, revision);
         self.reloads = reloads;
+        self.catch_ups = catch_ups;
     }
 
     pub fn reloads(&self) -> u64 {
         self.reloads
+    }
+
+    /// Takes in committed rows this writer did not write (another process's, or those of a
+    /// batch whose commit failed yet landed), through `revision`, counting it.
+    pub fn catch_up(&mut self, rows: &[LogRow], revision: i64) {
+        for row in rows {
+            self.apply(row);
+        }
+        self.commit(revision);
+        self.catch_ups += 1;
+    }
+
+    pub fn catch_ups(&self) -> u64 {
+        self.catch_ups
     }
 
     /// The revision the index describes (uncommitted changes aside).

@@ -51,6 +51,8 @@
 //! least R. Rows visible at R never change afterwards; only compaction past R could delete
 //! some, and the compact revision is published before the compactor is told of it, so a read
 //! that finds the compact revision still at or below R once it is done read intact rows.
+//! A get of a single key at R is answered from the writer's recently committed rows when the
+//! key's newest row is there and at or below R ([`values`]), without SQL.
 //!
 //! # Compaction
 //! `Compact(C)` records C as the compact revision in the writer's transaction; from then on
@@ -72,7 +74,9 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::backend::{self, Backend, DbSize, LeaseRow, LogRow, ReadTxn, Revisions, Scan};
+use crate::backend::{
+    self, Backend, DbSize, LeaseRow, LogRow, RangeEnd, ReadTxn, Revisions, Scan,
+};
 use compare::{fetch_limit, finish_range};
 use index::KeyIndex;
 use txn::{Batch, TxnExec};
@@ -80,11 +84,11 @@ use types::{
     DeleteRequest, DeleteResponse, KeyValue, LeaseOp, LeaseOutcome, Op, OpResponse, PutRequest,
     PutResponse, RangeRequest, RangeResponse, Revisioned, TxnRequest, TxnResponse,
 };
-use values::ValueCache;
+use values::{RecentRows, ValueCache};
 
 /// Most write requests one database transaction holds.
 const MAX_BATCH: usize = 512;
-/// Memory for the writer's cache of recently written values ([`values`]): enough for the
+/// Memory for the cache of recently written rows ([`values`]): enough for the
 /// objects a busy small cluster rewrites, far below what etcd keeps mapped.
 const VALUE_CACHE_BYTES: usize = 64 << 20;
 /// Revisions per physical-compaction transaction: small enough that the writer waits only
@@ -215,6 +219,9 @@ struct Inner {
     /// database's state, and reads use it instead of a snapshot.
     sole_writer: bool,
     published: Arc<Published>,
+    /// The writer's recently committed rows, which answer single-key reads at the published
+    /// revision without SQL; only when this process is the only writer.
+    recent: Option<RecentRows>,
 }
 
 /// The revisions as of the last durable commit, stored before that commit's replies are sent.
@@ -290,10 +297,13 @@ impl Store {
             current: AtomicI64::new(start.current),
             compact: AtomicI64::new(start.compact),
         });
+        let values = ValueCache::new(VALUE_CACHE_BYTES);
+        let recent = sole_writer.then(|| values.readers());
         let (acks, committing) = mpsc::channel(1);
         tracker.spawn(run_writer(
             backend.clone(),
             index,
+            values,
             start,
             queue,
             compacted.clone(),
@@ -325,6 +335,7 @@ impl Store {
                 stats,
                 sole_writer,
                 published,
+                recent,
             }),
         })
     }
@@ -399,6 +410,12 @@ impl Store {
             let revisions = self.inner.published.revisions();
             let revision =
                 resolve_read_revision(req.revision, revisions.current, revisions.compact)?;
+            if let Some(value) = self.recent_row(req, revision, revisions.current) {
+                return Ok(Revisioned {
+                    revision: revisions.current,
+                    value,
+                });
+            }
             let mut tx = self.inner.backend.read_unpinned().await?;
             let value = read_range(tx.as_mut(), req, revisions.current, revisions.compact).await?;
             drop(tx);
@@ -415,6 +432,23 @@ impl Store {
                 value,
             });
         }
+    }
+
+    /// A single-key read at the current revision, answered from the writer's recently committed
+    /// rows when the key's newest row is among them. Rows newer than the current revision are
+    /// not durable yet: the read then goes to SQL.
+    fn recent_row(&self, req: &RangeRequest, revision: i64, current: i64) -> Option<RangeResponse> {
+        if req.range.end != RangeEnd::Single || revision != current {
+            return None;
+        }
+        let kv = self.inner.recent.as_ref()?.newest(&req.range.key, current)?;
+        if req.count_only {
+            return Some(RangeResponse {
+                count: 1,
+                ..RangeResponse::default()
+            });
+        }
+        Some(finish_range(req, vec![kv], 1))
     }
 
     /// Runs a txn; the revision is the one it wrote at, or the current one if it wrote nothing.
@@ -584,6 +618,7 @@ struct WriterSignals {
 async fn run_writer(
     backend: Arc<dyn Backend>,
     mut index: KeyIndex,
+    mut values: ValueCache,
     start: Revisions,
     mut queue: mpsc::Receiver<WriteJob>,
     compacted: watch::Receiver<i64>,
@@ -596,7 +631,6 @@ async fn run_writer(
     // connection while committing), so the next one asks the database.
     let mut trusted = true;
     let mut compact = start.compact;
-    let mut values = ValueCache::new(VALUE_CACHE_BYTES);
     let mut batch = Vec::with_capacity(MAX_BATCH);
     loop {
         let received = tokio::select! {
@@ -611,7 +645,7 @@ async fn run_writer(
             current: index.revision(),
             compact,
         });
-        let reloads = index.reloads();
+        let seen = (index.reloads(), index.catch_ups());
         let mut outcomes = Vec::with_capacity(received);
         let result = apply_batch(
             backend.as_ref(),
@@ -624,9 +658,11 @@ async fn run_writer(
         )
         .await;
         trusted = result.is_ok();
-        if index.reloads() != reloads {
-            // The database may not be the one the cached values came from.
-            values = ValueCache::new(VALUE_CACHE_BYTES);
+        // After a reload the database may not be the one the cached rows came from. Rows taken
+        // in from elsewhere leave entries behind that are no longer their keys' newest: the
+        // writer's lookups name revisions and miss them, but readers (sole writer only) would not.
+        if index.reloads() != seen.0 || (sole_writer && index.catch_ups() != seen.1) {
+            values.clear();
         }
         if let Ok(committed) = &result {
             values.record(&committed.rows);

@@ -100,10 +100,7 @@ impl<'a> Batch<'a> {
             self.index.reload(heads, now.current);
         } else if now.current > known {
             let rows = self.tx.changes(known, now.current).await?;
-            for row in &rows {
-                self.index.apply(row);
-            }
-            self.index.commit(now.current);
+            self.index.catch_up(&rows, now.current);
         }
         self.index.prune_tombstones(compacted);
         Ok(())
@@ -155,7 +152,7 @@ impl<'a> Batch<'a> {
             }
             match self.cache.get(&row.0, row.1) {
                 Some(value) => {
-                    self.values.insert(row.clone(), value.to_vec());
+                    self.values.insert(row.clone(), value);
                 }
                 None => missing.push((row.0.as_slice(), row.1)),
             }
