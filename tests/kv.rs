@@ -1224,7 +1224,12 @@ async fn gets_agree_with_range_reads_at_their_revision() {
                 0 | 1 => drop(writer.put(key, format!("v{i}"), None).await.unwrap()),
                 2 => {
                     let options = PutOptions::new().with_lease(lease);
-                    drop(writer.put(key, format!("l{i}"), Some(options)).await.unwrap());
+                    drop(
+                        writer
+                            .put(key, format!("l{i}"), Some(options))
+                            .await
+                            .unwrap(),
+                    );
                 }
                 _ => drop(writer.delete(key, None).await.unwrap()),
             }
@@ -1274,6 +1279,9 @@ async fn gets_agree_with_range_reads_at_their_revision() {
         checked += done.unwrap();
     }
     writes.await.unwrap();
-    assert!(checked > 0, "no count-only get landed on the revision of its get");
+    assert!(
+        checked > 0,
+        "no count-only get landed on the revision of its get"
+    );
     server.stop().await;
 }

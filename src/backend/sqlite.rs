@@ -44,7 +44,7 @@ use super::{
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
 
-/// Rows per multi-row INSERT: 12 parameters each stays under SQLite's oldest limit of 999
+/// Rows per multi-row INSERT: 11 parameters each stays under SQLite's oldest limit of 999
 /// parameters per statement.
 const INSERT_CHUNK: usize = 64;
 /// `(key, revision)` pairs per `values_at` statement (two parameters each).
@@ -61,66 +61,84 @@ macro_rules! row_columns {
 
 /// "The row of each key in a range that is visible at revision ?3, if it is live." `$range`
 /// selects the keys (`?1` start, `?2` end). A visible row has `revision <= R` and was not yet
-/// replaced at R: either it is still the key's newest row (the `kv_log_live` index, which also
-/// drops tombstones) or it was replaced after R (the `kv_log_superseded` index, a handful of
-/// rows when R is recent). Each branch is one index range, so neither looks at older versions.
+/// replaced at R: either it is still the key's newest row (the `kv_log_head` index, whose
+/// tombstones the test on `deleted` drops without reading the table) or it was replaced after R
+/// (the `kv_log_superseded` index, a handful of rows when R is recent; SQLite's own estimates
+/// would walk every old version in the key range instead). Each branch is one index range, so
+/// neither looks at older versions.
 macro_rules! visible_branches {
-    ($columns:expr, $range:literal, $superseded_index:expr) => {
+    ($columns:expr, $range:literal) => {
         concat!(
             "SELECT ",
             $columns,
-            " FROM kv_log AS k INDEXED BY kv_log_live WHERE ",
+            " FROM kv_log AS k INDEXED BY kv_log_head WHERE ",
             $range,
             " AND k.superseded_by IS NULL AND k.deleted = 0 AND k.revision <= ?3 \
              UNION ALL SELECT ",
             $columns,
-            " FROM kv_log AS k ",
-            $superseded_index,
-            " WHERE ",
+            " FROM kv_log AS k INDEXED BY kv_log_superseded WHERE ",
             $range,
             " AND k.superseded_by > ?3 AND k.revision <= ?3 AND k.deleted = 0"
         )
     };
 }
 
-/// A scan in key order, at most `?4` rows. `$value` is `k.value`, or an empty blob for keys-only
-/// scans; `old_value` is never read, so large blobs stay on disk when unneeded. The limit is
-/// `?4 + 0`, not `?4`: SQLite plans a compound SELECT's bare `LIMIT ?` for the value bound, so
-/// it would re-parse and re-plan the statement on every execution (a third of a point read's
-/// CPU); an expression is evaluated at run time instead.
-macro_rules! scan_sql {
-    ($value:literal, $range:literal, $superseded_index:expr) => {
+/// "The row of the key `?1` that is visible at revision ?3, if it is live." It starts at the
+/// key's newest row (`kv_log_head`) and walks back along `prev_revision`, each step one lookup
+/// of a revision in the primary key, to the first row at or below R. At the current revision
+/// that is the newest row itself; an older R walks back over the versions written since.
+/// Nothing on the way can have been compacted: those rows were replaced after R.
+macro_rules! single_key {
+    ($columns:expr, $tail:literal) => {
         concat!(
-            visible_branches!(
-                concat!(
-                    "k.revision, k.sub, k.name, k.created, k.deleted, k.create_revision, \
-                     k.prev_revision, k.version, k.lease, ",
-                    $value,
-                    " AS value, NULL, k.old_lease"
-                ),
-                $range,
-                $superseded_index
-            ),
+            "WITH RECURSIVE chain(revision, prev) AS (\
+                 SELECT revision, prev_revision FROM kv_log INDEXED BY kv_log_head \
+                 WHERE name = ?1 AND superseded_by IS NULL \
+               UNION ALL \
+                 SELECT k.revision, k.prev_revision FROM chain CROSS JOIN kv_log AS k \
+                 WHERE chain.revision > ?3 AND k.revision = chain.prev AND k.name = ?1\
+             ) SELECT ",
+            $columns,
+            " FROM chain CROSS JOIN kv_log AS k WHERE chain.revision <= ?3 \
+             AND k.revision = chain.revision AND k.name = ?1 AND k.deleted = 0",
+            $tail
+        )
+    };
+}
+
+/// What a scan returns of a row: [`row_columns!`] with `$value` for the value (`k.value`, or an
+/// empty blob for keys-only scans) and no old value, so large blobs stay on disk when unneeded.
+macro_rules! scan_columns {
+    ($value:literal) => {
+        concat!(
+            "k.revision, k.sub, k.name, k.created, k.deleted, k.create_revision, \
+             k.prev_revision, k.version, k.lease, ",
+            $value,
+            " AS value, NULL, k.old_lease"
+        )
+    };
+}
+
+/// A scan in key order, at most `?4` rows. The limit is `?4 + 0`, not `?4`: SQLite plans a
+/// compound SELECT's bare `LIMIT ?` for the value bound, so it would re-parse and re-plan the
+/// statement on every execution (a third of a point read's CPU); an expression is evaluated at
+/// run time instead.
+macro_rules! scan_sql {
+    ($value:literal, $range:literal) => {
+        concat!(
+            visible_branches!(scan_columns!($value), $range),
             " ORDER BY name LIMIT ?4 + 0"
         )
     };
 }
 
 macro_rules! count_sql {
-    ($range:literal, $superseded_index:expr) => {
+    ($range:literal) => {
         concat!(
             "SELECT COALESCE(SUM(n), 0) FROM (",
-            visible_branches!("COUNT(*) AS n", $range, $superseded_index),
+            visible_branches!("COUNT(*) AS n", $range),
             ")"
         )
-    };
-}
-
-/// For a key range (not a single key), the rows replaced after R are found through their own
-/// index: SQLite's default estimates would otherwise walk every old version in the key range.
-macro_rules! by_superseded {
-    () => {
-        "INDEXED BY kv_log_superseded"
     };
 }
 
@@ -129,25 +147,21 @@ macro_rules! by_superseded {
 /// `?4` limit (-1 for none).
 pub fn scan_query(end: &RangeEnd, keys_only: bool) -> &'static str {
     match (end, keys_only) {
-        (RangeEnd::Single, false) => scan_sql!("k.value", "k.name = ?1", ""),
-        (RangeEnd::Single, true) => scan_sql!("x''", "k.name = ?1", ""),
-        (RangeEnd::Unbounded, false) => scan_sql!("k.value", "k.name >= ?1", by_superseded!()),
-        (RangeEnd::Unbounded, true) => scan_sql!("x''", "k.name >= ?1", by_superseded!()),
-        (RangeEnd::Before(_), false) => {
-            scan_sql!("k.value", "k.name >= ?1 AND k.name < ?2", by_superseded!())
-        }
-        (RangeEnd::Before(_), true) => {
-            scan_sql!("x''", "k.name >= ?1 AND k.name < ?2", by_superseded!())
-        }
+        (RangeEnd::Single, false) => single_key!(scan_columns!("k.value"), " LIMIT ?4 + 0"),
+        (RangeEnd::Single, true) => single_key!(scan_columns!("x''"), " LIMIT ?4 + 0"),
+        (RangeEnd::Unbounded, false) => scan_sql!("k.value", "k.name >= ?1"),
+        (RangeEnd::Unbounded, true) => scan_sql!("x''", "k.name >= ?1"),
+        (RangeEnd::Before(_), false) => scan_sql!("k.value", "k.name >= ?1 AND k.name < ?2"),
+        (RangeEnd::Before(_), true) => scan_sql!("x''", "k.name >= ?1 AND k.name < ?2"),
     }
 }
 
 /// The statement behind [`ReadTxn::count`]; parameters as for [`scan_query`], without a limit.
 pub fn count_query(end: &RangeEnd) -> &'static str {
     match end {
-        RangeEnd::Single => count_sql!("k.name = ?1", ""),
-        RangeEnd::Unbounded => count_sql!("k.name >= ?1", by_superseded!()),
-        RangeEnd::Before(_) => count_sql!("k.name >= ?1 AND k.name < ?2", by_superseded!()),
+        RangeEnd::Single => concat!("SELECT COUNT(*) FROM (", single_key!("1", ""), ")"),
+        RangeEnd::Unbounded => count_sql!("k.name >= ?1"),
+        RangeEnd::Before(_) => count_sql!("k.name >= ?1 AND k.name < ?2"),
     }
 }
 
@@ -644,7 +658,7 @@ impl ReadTxn for SqliteTxn {
         let sql = concat!(
             "SELECT ",
             row_columns!(),
-            " FROM kv_log WHERE name = ?1 ORDER BY revision DESC LIMIT 1"
+            " FROM kv_log INDEXED BY kv_log_head WHERE name = ?1 AND superseded_by IS NULL"
         );
         let row = sqlx::query(sql)
             .bind(key)
@@ -654,11 +668,10 @@ impl ReadTxn for SqliteTxn {
     }
 
     async fn heads(&mut self) -> Result<Vec<LogRow>> {
-        // SQLite fills the bare columns of a MAX() aggregate from the row holding the maximum,
-        // so this reads the newest row of each key in one pass over the (name, revision) index.
         let rows = sqlx::query(
-            "SELECT MAX(revision), sub, name, created, deleted, create_revision, prev_revision, \
-             version, lease, x'', NULL, old_lease FROM kv_log GROUP BY name",
+            "SELECT revision, sub, name, created, deleted, create_revision, prev_revision, \
+             version, lease, x'', NULL, old_lease FROM kv_log INDEXED BY kv_log_head \
+             WHERE superseded_by IS NULL",
         )
         .fetch_all(self.ready().await?)
         .await?;
@@ -671,7 +684,8 @@ impl ReadTxn for SqliteTxn {
             // Goes with what is pending (the batch's BEGIN, typically): one trip for both.
             let mut pending = std::mem::take(&mut self.pending);
             let sql = &mut pending.sql;
-            // CROSS JOIN keeps the wanted rows as the outer loop, so each is one index lookup.
+            // CROSS JOIN keeps the wanted rows as the outer loop, so each is one lookup of a
+            // revision in the primary key.
             sql.push_str("WITH w(i, n, r) AS (VALUES ");
             for i in 0..chunk.len() {
                 if i > 0 {
@@ -703,11 +717,14 @@ impl ReadTxn for SqliteTxn {
     }
 
     async fn changes(&mut self, after: i64, through: i64) -> Result<Vec<LogRow>> {
-        let sql = concat!(
-            "SELECT ",
-            row_columns!(),
-            " FROM kv_log WHERE revision > ?1 AND revision <= ?2 ORDER BY revision, sub"
-        );
+        // The old value is the predecessor row's (rows written before migration 0004 carry
+        // their own as well). A predecessor compaction removed gives none, as in etcd.
+        let sql = "SELECT k.revision, k.sub, k.name, k.created, k.deleted, k.create_revision, \
+             k.prev_revision, k.version, k.lease, k.value, \
+             CASE WHEN k.created = 0 THEN COALESCE(p.value, k.old_value) END, k.old_lease \
+             FROM kv_log AS k LEFT JOIN kv_log AS p \
+             ON k.created = 0 AND p.revision = k.prev_revision AND p.name = k.name \
+             WHERE k.revision > ?1 AND k.revision <= ?2 ORDER BY k.revision, k.sub";
         let rows = sqlx::query(sql)
             .bind(after)
             .bind(through)
@@ -796,13 +813,12 @@ impl WriteTxn for SqliteTxn {
         // SQLite inserting the row: one multi-row INSERT per chunk, waiting in `pending` for the
         // next statement that answers, or the COMMIT.
         for chunk in rows.chunks(INSERT_CHUNK) {
-            let mut sql =
-                String::from(concat!("INSERT INTO kv_log (", row_columns!(), ") VALUES "));
-            push_tuples(
-                &mut sql,
-                chunk.len(),
-                "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            // No old_value: readers take it from the predecessor row (see `changes`).
+            let mut sql = String::from(
+                "INSERT INTO kv_log (revision, sub, name, created, deleted, create_revision, \
+                 prev_revision, version, lease, value, old_lease) VALUES ",
             );
+            push_tuples(&mut sql, chunk.len(), "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)");
             self.pending.push(&sql);
             for row in chunk {
                 let pending = &mut self.pending;
@@ -816,7 +832,6 @@ impl WriteTxn for SqliteTxn {
                 pending.bind(row.version);
                 pending.bind(row.lease);
                 pending.bind(&row.value);
-                pending.bind(&row.old_value);
                 pending.bind(row.old_lease);
             }
             // Mark the rows these replaced (after the insert: a row's predecessor may be an
@@ -827,7 +842,9 @@ impl WriteTxn for SqliteTxn {
             }
             let mut sql = String::from("UPDATE kv_log SET superseded_by = v.column1 FROM (VALUES ");
             push_tuples(&mut sql, replacing.len(), "(?, ?, ?)");
-            sql.push_str(") AS v WHERE kv_log.name = v.column2 AND kv_log.revision = v.column3");
+            // The unary `+` keeps SQLite from indexing the VALUES list and scanning the whole
+            // log against it: the list is the outer loop, each row a primary-key lookup.
+            sql.push_str(") AS v WHERE kv_log.name = +v.column2 AND kv_log.revision = +v.column3");
             self.pending.push(&sql);
             for row in replacing {
                 self.pending.bind(row.revision);

@@ -74,9 +74,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::backend::{
-    self, Backend, DbSize, LeaseRow, LogRow, RangeEnd, ReadTxn, Revisions, Scan,
-};
+use crate::backend::{self, Backend, DbSize, LeaseRow, LogRow, RangeEnd, ReadTxn, Revisions, Scan};
 use compare::{fetch_limit, finish_range};
 use index::KeyIndex;
 use txn::{Batch, TxnExec};
@@ -302,8 +300,7 @@ impl Store {
         let (acks, committing) = mpsc::channel(1);
         tracker.spawn(run_writer(
             backend.clone(),
-            index,
-            values,
+            WriterMemory { index, values },
             start,
             queue,
             compacted.clone(),
@@ -441,7 +438,11 @@ impl Store {
         if req.range.end != RangeEnd::Single || revision != current {
             return None;
         }
-        let kv = self.inner.recent.as_ref()?.newest(&req.range.key, current)?;
+        let kv = self
+            .inner
+            .recent
+            .as_ref()?
+            .newest(&req.range.key, current)?;
         if req.count_only {
             return Some(RangeResponse {
                 count: 1,
@@ -617,14 +618,17 @@ struct WriterSignals {
 /// never more than a couple of batches ahead of durability.
 async fn run_writer(
     backend: Arc<dyn Backend>,
-    mut index: KeyIndex,
-    mut values: ValueCache,
+    memory: WriterMemory,
     start: Revisions,
     mut queue: mpsc::Receiver<WriteJob>,
     compacted: watch::Receiver<i64>,
     acks: mpsc::Sender<Committing>,
     shutdown: CancellationToken,
 ) {
+    let WriterMemory {
+        mut index,
+        mut values,
+    } = memory;
     let sole_writer = backend.sole_writer();
     // Whether the index is known to match the database: then a sole writer need not read the
     // revisions at the start of a batch. A failed batch may have committed after all (a lost
@@ -679,6 +683,12 @@ async fn run_writer(
     }
     // Requests still queued at shutdown were never acknowledged: dropping them tells callers.
     queue.close();
+}
+
+/// What the writer keeps in memory beside the database.
+struct WriterMemory {
+    index: KeyIndex,
+    values: ValueCache,
 }
 
 /// A batch the writer has run, on its way to its replies.

@@ -150,7 +150,9 @@ impl ValueCache {
     }
 
     fn holds(&self, key: &[u8], revision: i64) -> bool {
-        self.entries.get(key).is_some_and(|e| e.revision == revision)
+        self.entries
+            .get(key)
+            .is_some_and(|e| e.revision == revision)
     }
 
     fn remove(&mut self, key: &[u8]) {

@@ -71,13 +71,17 @@ impl Event {
     }
 
     pub fn from_row(row: LogRow) -> Self {
-        let prev_kv = |version| KeyValue {
-            key: row.key.clone(),
-            create_revision: row.create_revision,
-            mod_revision: row.prev_revision,
-            version,
-            value: row.old_value.clone().unwrap_or_default(),
-            lease: row.old_lease,
+        // No old value for a change that did replace a version means compaction removed that
+        // version: etcd then sends no prev_kv either.
+        let prev_kv = |version| {
+            Some(KeyValue {
+                key: row.key.clone(),
+                create_revision: row.create_revision,
+                mod_revision: row.prev_revision,
+                version,
+                value: row.old_value.clone()?,
+                lease: row.old_lease,
+            })
         };
         if row.deleted {
             // A tombstone's version column holds the version the key had when deleted.
@@ -89,10 +93,10 @@ impl Event {
                     mod_revision: row.revision,
                     ..KeyValue::default()
                 },
-                prev_kv: Some(prev),
+                prev_kv: prev,
             }
         } else {
-            let prev = (!row.created).then(|| prev_kv(row.version - 1));
+            let prev = (!row.created).then(|| prev_kv(row.version - 1)).flatten();
             Event {
                 kind: EventKind::Put,
                 kv: KeyValue::from_row(row),

@@ -1,0 +1,114 @@
+//! A SQLite database written by an earlier schema keeps working after the server migrates it:
+//! rows written before migration 0004 carry their old value and were indexed by name, rows
+//! written after carry neither. Reads at old revisions and watches with prev_kv see both kinds.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{TestServer, on_postgres};
+use etcd_client::{EventType, GetOptions, WatchOptions, WatchStream};
+
+/// (type, key, value, prev value) of every event until `want` have arrived.
+async fn events(stream: &mut WatchStream, want: usize) -> Vec<(EventType, String, String, String)> {
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    let mut out = Vec::new();
+    while out.len() < want {
+        let r = tokio::time::timeout(Duration::from_secs(10), stream.message())
+            .await
+            .expect("a watch response in time")
+            .unwrap()
+            .expect("the stream is open");
+        for e in r.events() {
+            let kv = e.kv().unwrap();
+            let prev = e.prev_kv().map_or(String::from("-"), |p| text(p.value()));
+            out.push((e.event_type(), text(kv.key()), text(kv.value()), prev));
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn a_database_from_before_migration_0004_reads_and_watches_as_written() {
+    if on_postgres() {
+        return; // PostgreSQL's schema did not change.
+    }
+    let dir = tempfile::tempdir().unwrap();
+    // The database as the server left it before migration 0004: the first three migrations,
+    // applied by sqlx so that the server recognises them, and rows as that server wrote them.
+    let old = dir.path().join("migrations");
+    std::fs::create_dir(&old).unwrap();
+    for name in ["0001_log.sql", "0002_leases.sql", "0003_superseded.sql"] {
+        let from = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations/sqlite");
+        std::fs::copy(from.join(name), old.join(name)).unwrap();
+    }
+    let url = format!(
+        "sqlite://{}?mode=rwc",
+        dir.path().join("state.db").display()
+    );
+    let pool = sqlx::SqlitePool::connect(&url).await.unwrap();
+    sqlx::migrate::Migrator::new(old.as_path())
+        .await
+        .unwrap()
+        .run(&pool)
+        .await
+        .unwrap();
+    // Revisions 2..=5: put a=a1, put a=a2, delete a, put b=b1. Keys and values are blobs.
+    sqlx::query(
+        "INSERT INTO kv_log (revision, sub, name, created, deleted, create_revision, \
+         prev_revision, version, lease, value, old_value, old_lease, superseded_by) \
+         SELECT column1, 0, CAST(column2 AS BLOB), column3, column4, column5, column6, \
+         column7, 0, CAST(column8 AS BLOB), CAST(column9 AS BLOB), 0, column10 FROM (VALUES \
+         (2, '/u/a', 1, 0, 2, 0, 1, 'a1', NULL, 3), \
+         (3, '/u/a', 0, 0, 2, 2, 2, 'a2', 'a1', 4), \
+         (4, '/u/a', 0, 1, 2, 3, 2, '', 'a2', NULL), \
+         (5, '/u/b', 1, 0, 5, 0, 1, 'b1', NULL, NULL))",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query("UPDATE meta SET value = 5 WHERE name = 'current_revision'")
+        .execute(&pool)
+        .await
+        .unwrap();
+    pool.close().await;
+
+    let server = TestServer::start(dir.path()).await;
+    let mut c = server.client().await;
+    let value_at = |revision| GetOptions::new().with_revision(revision);
+    for (revision, want) in [(2, Some("a1")), (3, Some("a2")), (4, None), (5, None)] {
+        let got = c.get("/u/a", Some(value_at(revision))).await.unwrap();
+        let value = got
+            .kvs()
+            .first()
+            .map(|kv| kv.value_str().unwrap().to_owned());
+        assert_eq!(value.as_deref(), want, "/u/a at revision {revision}");
+    }
+    // Written after the migration: no old value of its own.
+    c.put("/u/b", "b2", None).await.unwrap();
+    c.put("/u/a", "a3", None).await.unwrap();
+    let b = c.get("/u/b", Some(value_at(5))).await.unwrap();
+    assert_eq!(b.kvs()[0].value(), b"b1");
+
+    let options = WatchOptions::new()
+        .with_prefix()
+        .with_start_revision(2)
+        .with_prev_key();
+    let mut stream = c.watch("/u/", Some(options)).await.unwrap();
+    let owned =
+        |(t, k, v, p): (EventType, &str, &str, &str)| (t, k.to_owned(), v.to_owned(), p.to_owned());
+    let want: Vec<_> = [
+        (EventType::Put, "/u/a", "a1", "-"),
+        (EventType::Put, "/u/a", "a2", "a1"),
+        (EventType::Delete, "/u/a", "", "a2"),
+        (EventType::Put, "/u/b", "b1", "-"),
+        (EventType::Put, "/u/b", "b2", "b1"),
+        // Re-created after its deletion: no previous version.
+        (EventType::Put, "/u/a", "a3", "-"),
+    ]
+    .into_iter()
+    .map(owned)
+    .collect();
+    assert_eq!(events(&mut stream, want.len()).await, want);
+    server.stop().await;
+}
