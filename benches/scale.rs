@@ -174,6 +174,8 @@ impl Fixture {
             sqlx::query("PRAGMA synchronous = OFF")
                 .execute(&pool)
                 .await?;
+            // Rows as the server writes them on SQLite: no old value (a watch reads the
+            // predecessor row's).
             for round in 0..self.versions {
                 sqlx::query(
                     "WITH RECURSIVE k(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM k WHERE i + 1 < ?1) \
@@ -183,8 +185,7 @@ impl Fixture {
                          CAST(printf('/registry/configmaps/ns-%04d/cm-%06d', i / 1000, i % 1000) AS BLOB), \
                          ?2 = 0, 0, 2 + i, \
                          CASE WHEN ?2 = 0 THEN 0 ELSE 2 + (?2 - 1) * ?1 + i END, \
-                         ?2 + 1, 0, randomblob(?3), \
-                         CASE WHEN ?2 = 0 THEN NULL ELSE randomblob(?3) END, 0, \
+                         ?2 + 1, 0, randomblob(?3), NULL, 0, \
                          CASE WHEN ?2 + 1 < ?4 THEN 2 + (?2 + 1) * ?1 + i END \
                      FROM k",
                 )
