@@ -218,6 +218,36 @@ async fn a_compacted_start_revision_is_cancelled_after_created() {
     server.stop().await;
 }
 
+/// A watch from the compact revision, after physical compaction, still gets the prev_kv of the
+/// change at that revision (kube-apiserver fails a watch whose update lacks it).
+#[tokio::test]
+async fn prev_kv_at_the_compact_revision_survives_physical_compaction() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(dir.path()).await;
+    let mut c = server.client().await;
+    for i in 0..4 {
+        put(&mut c, "p", &i.to_string()).await; // 2..=5
+    }
+    c.compact(
+        4,
+        Some(etcd_client::CompactionOptions::new().with_physical()),
+    )
+    .await
+    .unwrap();
+    let options = WatchOptions::new().with_start_revision(4).with_prev_key();
+    let mut stream = c.watch("p", Some(options)).await.unwrap();
+    next(&mut stream).await;
+    let mut prev = Vec::new();
+    while prev.len() < 2 {
+        for e in next(&mut stream).await.events() {
+            let kv = e.prev_kv().expect("an update carries prev_kv");
+            prev.push((kv.mod_revision(), kv.value_str().unwrap().to_owned()));
+        }
+    }
+    assert_eq!(prev, vec![(3, "1".to_owned()), (4, "2".to_owned())]);
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn cancel_is_acknowledged_and_ends_events() {
     let dir = tempfile::tempdir().unwrap();

@@ -37,8 +37,7 @@ pub struct LogRow {
     pub version: i64,
     pub lease: i64,
     pub value: Vec<u8>,
-    /// Value before this change, `None` when the key was absent, or when the row was read
-    /// back from the log after compaction removed the version it replaced.
+    /// Value before this change, `None` when the key was absent.
     pub old_value: Option<Vec<u8>>,
     pub old_lease: i64,
 }
@@ -173,7 +172,7 @@ pub trait ReadTxn: Send {
     /// such row. One round trip for many keys, so the writer fetches a batch's old values at once.
     async fn values_at(&mut self, rows: &[(&[u8], i64)]) -> Result<Vec<Option<Vec<u8>>>>;
     /// Every change with a revision in `(after, through]`, in revision and sub-revision order,
-    /// `old_value` included (the watch hub's prev_kv) while the version replaced is in the log.
+    /// `old_value` included (the watch hub's prev_kv).
     async fn changes(&mut self, after: i64, through: i64) -> Result<Vec<LogRow>>;
     async fn lease(&mut self, id: i64) -> Result<Option<LeaseRow>>;
     async fn leases(&mut self) -> Result<Vec<LeaseRow>>;

@@ -399,7 +399,7 @@ impl Backend for PostgresBackend {
             .await?;
         // The rules of the SQLite backend's compaction.
         let superseded =
-            sqlx::query("DELETE FROM kv_log WHERE superseded_by > $1 AND superseded_by <= $2")
+            sqlx::query("DELETE FROM kv_log WHERE superseded_by >= $1 AND superseded_by < $2")
                 .bind(after)
                 .bind(through)
                 .execute(&mut *tx)

@@ -464,10 +464,12 @@ impl Backend for SqliteBackend {
         debug_assert!(through <= compact);
         let mut tx = self.begin_write().await?;
         tx.send_pending().await?;
-        // Rows replaced by a change in (after, through]: no read at or above the compact
-        // revision can see them, since their successor is at or below it.
+        // Rows replaced by a change in [after, through): no read at or above the compact
+        // revision can see them, since their successor is below it. A row replaced at the
+        // compact revision itself stays until the next compaction: a watch from the compact
+        // revision reports that change, with this row as its prev_kv (rows carry no old value).
         let superseded =
-            sqlx::query("DELETE FROM kv_log WHERE superseded_by > ?1 AND superseded_by <= ?2")
+            sqlx::query("DELETE FROM kv_log WHERE superseded_by >= ?1 AND superseded_by < ?2")
                 .bind(after)
                 .bind(through)
                 .execute(tx.conn())
@@ -718,7 +720,8 @@ impl ReadTxn for SqliteTxn {
 
     async fn changes(&mut self, after: i64, through: i64) -> Result<Vec<LogRow>> {
         // The old value is the predecessor row's (rows written before migration 0004 carry
-        // their own as well). A predecessor compaction removed gives none, as in etcd.
+        // their own as well); compaction keeps it for every change at or above the compact
+        // revision, the changes a watch can ask for.
         let sql = "SELECT k.revision, k.sub, k.name, k.created, k.deleted, k.create_revision, \
              k.prev_revision, k.version, k.lease, k.value, \
              CASE WHEN k.created = 0 THEN COALESCE(p.value, k.old_value) END, k.old_lease \

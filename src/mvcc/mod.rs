@@ -57,9 +57,10 @@
 //! # Compaction
 //! `Compact(C)` records C as the compact revision in the writer's transaction; from then on
 //! reads and watches below C answer "compacted". A background task then deletes, in small
-//! transactions, every row that no read at or above C can see: rows superseded by a change at or
-//! below C, and tombstones below C. Deleting them never changes what a read at C or later
-//! returns, so it may lag behind.
+//! transactions, rows that no read at or above C can see: rows superseded by a change below C,
+//! and tombstones below C. A row superseded at C itself stays until the next compaction, as the
+//! prev_kv of a change a watch from C reports. Deleting them never changes what a read at C or
+//! later returns, so it may lag behind.
 
 pub mod compare;
 mod index;

@@ -71,8 +71,9 @@ impl Event {
     }
 
     pub fn from_row(row: LogRow) -> Self {
-        // No old value for a change that did replace a version means compaction removed that
-        // version: etcd then sends no prev_kv either.
+        // A change that replaced a version but has no old value could only come from a log
+        // whose compaction removed that version (compaction keeps it for every change a watch
+        // can replay): no prev_kv then, as etcd, rather than an empty one.
         let prev_kv = |version| {
             Some(KeyValue {
                 key: row.key.clone(),
