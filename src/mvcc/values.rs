@@ -55,6 +55,12 @@ pub(crate) struct ValueCache {
     budget: usize,
 }
 
+/// Whether `key`'s entry is the row written at `revision` (an item of the write order that is
+/// not stale).
+fn holds(entries: &Entries, key: &[u8], revision: i64) -> bool {
+    entries.get(key).is_some_and(|e| e.revision == revision)
+}
+
 /// The readers' side: lookups only.
 #[derive(Clone)]
 pub(crate) struct RecentRows {
@@ -136,23 +142,16 @@ impl ValueCache {
             let Some((key, revision)) = self.order.pop_front() else {
                 break;
             };
-            if self.holds(&key, revision) {
+            if holds(&self.entries, &key, revision) {
                 self.remove(&key);
             }
         }
         // Rewrites leave stale items in `order`; drop them before they outnumber the entries.
         if self.order.len() > 2 * self.entries.len() + 1024 {
             let entries = &self.entries;
-            self.order.retain(|(key, revision)| {
-                entries.get(key).is_some_and(|e| e.revision == *revision)
-            });
+            self.order
+                .retain(|(key, revision)| holds(entries, key, *revision));
         }
-    }
-
-    fn holds(&self, key: &[u8], revision: i64) -> bool {
-        self.entries
-            .get(key)
-            .is_some_and(|e| e.revision == revision)
     }
 
     fn remove(&mut self, key: &[u8]) {
