@@ -358,8 +358,10 @@ impl Hub {
             }
         }
         registry.delivered = through;
-        drop(registry);
+        // Under the lock: two publishers that each move H must also announce it in that
+        // order, or the later announcement could be overwritten by the earlier one.
         self.inner.delivered.send_replace(through);
+        drop(registry);
         true
     }
 }
