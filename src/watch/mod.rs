@@ -11,6 +11,9 @@
 //!   published; batches reach a stream's queue before H moves past them. Both publishers (the
 //!   writer's hand-over and the tailer) publish `(after, through]` only if H is still `after`,
 //!   checked under the registry lock, so revisions are published once each and in order.
+//!   H is announced to waiting streams ([`Hub::delivered_changes`]) under that same lock, so
+//!   what streams read through [`Hub::delivered`] is never behind what [`Subscription::join`]
+//!   checks against once a publish has returned, and never moves backward.
 //! - **Synced watchers.** A watcher is *synced* when it sits in the range index and so receives
 //!   every later batch that concerns it. It may join only if it has already seen every change
 //!   up to H (its `next_rev` ≤ H + 1); [`Subscription::join`] checks that under the registry
@@ -127,6 +130,10 @@ struct HubInner {
     delivered: watch::Sender<i64>,
     next_stream: AtomicU64,
     backend: Arc<dyn Backend>,
+    /// Runs once at the end of the next publish, after the registry lock is released: lets a
+    /// test stop one publisher there while another publishes.
+    #[cfg(test)]
+    pause_after_publish: Mutex<Option<Box<dyn FnOnce() + Send>>>,
 }
 
 struct Registry {
@@ -257,6 +264,8 @@ impl Hub {
                 delivered,
                 next_stream: AtomicU64::new(0),
                 backend,
+                #[cfg(test)]
+                pause_after_publish: Mutex::new(None),
             }),
         }
     }
@@ -362,6 +371,18 @@ impl Hub {
         // order, or the later announcement could be overwritten by the earlier one.
         self.inner.delivered.send_replace(through);
         drop(registry);
+        #[cfg(test)]
+        {
+            let pause = self
+                .inner
+                .pause_after_publish
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .take();
+            if let Some(pause) = pause {
+                pause();
+            }
+        }
         true
     }
 }
@@ -639,6 +660,51 @@ mod tests {
             vec![put_event("k", overflow + 3)]
         ));
         assert!(hub.registry().index.ranges.values().all(|m| m.len() == 1));
+    }
+
+    /// Issue 14: the writer's hand-over and the tailer publish from different tasks. If one
+    /// of them announced H after releasing the registry lock, a second publish could slip in
+    /// between and its newer H be overwritten by the first one's older value: streams then saw
+    /// H behind the registry, so catch-up could neither read (nothing below H) nor join (the
+    /// registry was ahead), and progress requests waited for an H that had already passed.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn racing_publishers_announce_the_newest_revision() {
+        let dir = tempfile::tempdir().unwrap();
+        let endpoint = format!("sqlite://{}", dir.path().join("state.db").display());
+        let hub = Hub::new(
+            crate::backend::open(&endpoint, &Default::default())
+                .await
+                .unwrap(),
+            1,
+        );
+        let mut announced = hub.delivered_changes();
+        let (paused_tx, paused) = std::sync::mpsc::channel();
+        let (resume, resumed) = std::sync::mpsc::channel::<()>();
+        *hub.inner.pause_after_publish.lock().unwrap() = Some(Box::new(move || {
+            let _ = paused_tx.send(());
+            let _ = resumed.recv_timeout(Duration::from_secs(10));
+        }));
+        // The first publisher stops right after its publish released the lock...
+        let first = {
+            let hub = hub.clone();
+            std::thread::spawn(move || hub.publish(1, 2, vec![put_event("k", 2)]))
+        };
+        paused
+            .recv_timeout(Duration::from_secs(10))
+            .expect("the first publisher reaches its pause");
+        // ...while the second publishes the next revision.
+        assert!(hub.publish(2, 3, vec![put_event("k", 3)]));
+        resume.send(()).unwrap();
+        assert!(first.join().unwrap());
+
+        assert_eq!(hub.delivered(), 3, "H as announced to streams");
+        assert_eq!(*announced.borrow_and_update(), 3);
+        // A watcher that has seen everything up to H joins; one that has not is told to read
+        // up to the same H the stream sees.
+        let (sub, _batches) = hub.subscribe();
+        let all = range("k", "\0");
+        assert_eq!(sub.join(0, &all, 3), Err(hub.delivered()));
+        assert_eq!(sub.join(1, &all, hub.delivered() + 1), Ok(()));
     }
 
     #[test]
