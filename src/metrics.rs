@@ -28,7 +28,8 @@
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, LazyLock, Mutex};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, LazyLock, Mutex, OnceLock};
 use std::task::{Context, Poll, ready};
 use std::time::{Duration, Instant};
 
@@ -116,6 +117,13 @@ struct Inner {
     slow_watchers: Gauge,
     watch_events: Counter,
     watch_lag: Histogram,
+    watch_behind: Gauge<f64, AtomicU64>,
+    hub_lag: Gauge,
+    /// Since when each watch stream that is behind has been so, by stream; read at scrape time.
+    behind_since: Mutex<HashMap<u64, Instant>>,
+    next_stream: AtomicU64,
+    /// The watch hub's delivered revision, once the hub has started.
+    hub_delivered: OnceLock<tokio::sync::watch::Receiver<i64>>,
 
     lease_granted: Counter,
     lease_revoked: Counter,
@@ -260,6 +268,17 @@ impl Metrics {
             "etcd_debugging_mvcc_events",
             "Total number of events sent by this member",
         );
+        let watch_behind = Gauge::<f64, AtomicU64>::default();
+        r.register(
+            "etcdsql_watch_stream_behind_seconds",
+            "How long the watch stream that has been behind longest has been so: with a watcher replaying the log, or a progress request waiting for the hub (0 when none is)",
+            watch_behind.clone(),
+        );
+        let hub_lag = gauge(
+            &mut r,
+            "etcdsql_watch_hub_lag_revisions",
+            "Committed revisions the watch hub has not yet handed to the watch streams",
+        );
         let watch_lag = Histogram::new(exponential_buckets(0.0005, 2.0, 16));
         r.register(
             "etcdsql_watch_delivery_lag_seconds",
@@ -382,6 +401,11 @@ impl Metrics {
                 slow_watchers,
                 watch_events,
                 watch_lag,
+                watch_behind,
+                hub_lag,
+                behind_since: Mutex::new(HashMap::new()),
+                next_stream: AtomicU64::new(0),
+                hub_delivered: OnceLock::new(),
                 lease_granted,
                 lease_revoked,
                 lease_renewed,
@@ -422,6 +446,12 @@ impl Metrics {
         };
         match read.await {
             Ok((revisions, size, keys)) => {
+                // After the revisions were read: H may have passed them since, never fallen
+                // short of a revision it had already delivered.
+                if let Some(delivered) = m.hub_delivered.get() {
+                    let delivered = *delivered.borrow();
+                    m.hub_lag.set((revisions.current - delivered).max(0));
+                }
                 // The revision the key count was taken at.
                 m.current_revision.set(keys.revision.max(revisions.current));
                 m.compact_revision.set(revisions.compact);
@@ -431,6 +461,8 @@ impl Metrics {
             }
             Err(e) => tracing::warn!(error = %e, "metrics: cannot read the store"),
         }
+        let oldest = lock(&m.behind_since).values().min().copied();
+        m.watch_behind.set(oldest.map_or(0.0, |since| since.elapsed().as_secs_f64()));
         if let Some(rss) = resident_memory_bytes() {
             m.resident_memory.set(rss);
         }
@@ -503,9 +535,16 @@ impl Metrics {
         self.inner.watch_streams.inc();
         WatchGauges {
             metrics: self.clone(),
+            id: self.inner.next_stream.fetch_add(1, Ordering::Relaxed),
             watchers: 0,
             slow: 0,
+            behind: false,
         }
+    }
+
+    /// Where the watch hub's delivered revision is read, for its lag behind the store.
+    pub fn watch_hub(&self, delivered: tokio::sync::watch::Receiver<i64>) {
+        let _ = self.inner.hub_delivered.set(delivered);
     }
 
     /// Events handed to a watch stream, the oldest at `revision`.
@@ -594,8 +633,10 @@ impl OpCounts {
 /// A watch stream's share of the watcher gauges; gives it back when dropped.
 pub struct WatchGauges {
     metrics: Metrics,
+    id: u64,
     watchers: i64,
     slow: i64,
+    behind: bool,
 }
 
 impl WatchGauges {
@@ -613,11 +654,25 @@ impl WatchGauges {
             self.slow = slow;
         }
     }
+
+    /// The stream has been behind since `since`, or is not behind (`None`).
+    pub fn behind(&mut self, since: Option<Instant>) {
+        if since.is_some() == self.behind {
+            return;
+        }
+        self.behind = since.is_some();
+        let mut streams = lock(&self.metrics.inner.behind_since);
+        match since {
+            Some(since) => streams.insert(self.id, since),
+            None => streams.remove(&self.id),
+        };
+    }
 }
 
 impl Drop for WatchGauges {
     fn drop(&mut self) {
         self.set(0, 0);
+        self.behind(None);
         self.metrics.inner.watch_streams.dec();
     }
 }

@@ -122,6 +122,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Runnin
         store_shutdown.clone(),
     )
     .await?;
+    metrics.watch_hub(hub.delivered_changes());
     let cluster_id = backend.cluster_id().await?;
 
     let advertised = if config.advertise_client_urls.is_empty() {

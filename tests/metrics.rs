@@ -436,6 +436,83 @@ async fn a_watch_from_the_past_counts_as_slow_until_it_caught_up() {
     server.stop().await;
 }
 
+/// A stream whose client stops reading while it replays the log stays behind, and the scrape
+/// says for how long; once the client reads everything it is no longer behind. The hub itself
+/// keeps up with the store throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_stream_that_stays_behind_is_measured() {
+    // More than the client's flow-control window (2 MiB) holds, at one event per response.
+    const EVENTS: usize = 4000;
+    let dir = tempfile::tempdir().unwrap();
+    // Small requests, so that every event of the replay is a fragment of its own: far more
+    // responses than the stream's queue and the connection's flow-control window hold.
+    let server = TestServer::start_with(dir.path(), |c| c.max_request_bytes = 1024).await;
+    let mut c = server.client().await;
+    let writers: Vec<_> = (0..8)
+        .map(|w| {
+            let mut c = c.clone();
+            tokio::spawn(async move {
+                for i in (w..EVENTS).step_by(8) {
+                    c.put(format!("b/{i:05}"), "v".repeat(900), None)
+                        .await
+                        .unwrap();
+                }
+            })
+        })
+        .collect();
+    for w in writers {
+        w.await.unwrap();
+    }
+    let s = scrape(&server).await;
+    assert_eq!(s.get("etcdsql_watch_stream_behind_seconds", &[]), 0.0);
+    assert_eq!(s.get("etcdsql_watch_hub_lag_revisions", &[]), 0.0);
+
+    let mut watch = c
+        .watch(
+            "b/",
+            Some(
+                WatchOptions::new()
+                    .with_prefix()
+                    .with_start_revision(1)
+                    .with_fragment(),
+            ),
+        )
+        .await
+        .unwrap();
+    // Not reading: the replay blocks once the queues are full, with the watcher unsynced.
+    let first = scrape_until(&server, |s| {
+        s.get("etcdsql_watch_stream_behind_seconds", &[]) > 0.0
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let later = scrape(&server).await;
+    assert!(
+        later.get("etcdsql_watch_stream_behind_seconds", &[])
+            > first.get("etcdsql_watch_stream_behind_seconds", &[]),
+        "the time behind grows while the stream stays behind"
+    );
+    assert_eq!(later.get("etcd_debugging_mvcc_slow_watcher_total", &[]), 1.0);
+    assert_eq!(later.get("etcdsql_watch_hub_lag_revisions", &[]), 0.0);
+
+    let mut seen = 0;
+    while seen < EVENTS {
+        let response = tokio::time::timeout(DEADLINE, watch.message())
+            .await
+            .expect("a watch response in time")
+            .unwrap()
+            .unwrap();
+        seen += response.events().len();
+    }
+    assert_eq!(seen, EVENTS);
+    scrape_until(&server, |s| {
+        s.get("etcdsql_watch_stream_behind_seconds", &[]) == 0.0
+            && s.get("etcd_debugging_mvcc_slow_watcher_total", &[]) == 0.0
+    })
+    .await;
+    drop(watch);
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn the_metrics_listener_serves_only_metrics_and_health() {
     let dir = tempfile::tempdir().unwrap();

@@ -14,10 +14,19 @@
 //!   to R has been handed to it: an event at or below R can never follow.
 //! - `progress_notify` watchers get an empty response with the delivered revision at each
 //!   interval in which they received nothing, under the same condition.
+//! - The loop never spins: a catch-up that could neither read nor join a watcher is not tried
+//!   again until something it waits on happens (H moves, the hub reports a lag, a request or a
+//!   batch arrives). A stream that stays behind — a watcher not yet synced, or a progress request
+//!   not yet answered — for [`BEHIND_WARNING`] is logged as a warning, again every
+//!   [`BEHIND_REPEAT`] while it lasts, and counted in `etcdsql_watch_stream_behind_seconds`.
+//!   (A stream blocked sending to a client that does not read logs once the send goes through;
+//!   the gauge, read at scrape time, counts it all along.)
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
+
+use tokio::time::Instant;
 
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -35,6 +44,11 @@ use crate::watch::{Batch, Event, EventKind, Hub, READ_CHUNK, Subscription};
 
 /// Responses a stream may have waiting for the client before it stops reading the hub.
 const OUT_QUEUE: usize = 64;
+/// How long a stream may be behind before it is logged: far longer than replaying a normal
+/// backlog takes, far shorter than kube-apiserver would notice a stale watch cache.
+const BEHIND_WARNING: Duration = Duration::from_secs(5);
+/// How often a stream that stays behind is logged again.
+const BEHIND_REPEAT: Duration = Duration::from_secs(30);
 
 /// etcd's reasons for refusing a watch, sent as `cancel_reason`.
 const EMPTY_RANGE: &str = "mvcc: watcher range is empty";
@@ -153,7 +167,15 @@ enum Step {
     Delivered,
     Tick,
     CatchUp,
+    Behind,
     Shutdown,
+}
+
+/// When a stream fell behind, and when it is next to be logged.
+struct Behind {
+    since: Instant,
+    warn_at: Instant,
+    warned: bool,
 }
 
 struct WatchStream {
@@ -186,6 +208,9 @@ impl WatchStream {
             progress_interval,
         );
         let mut retry = Duration::from_millis(20);
+        // The last catch-up could neither read nor join anything: wait for a signal first.
+        let mut stalled = false;
+        let mut behind: Option<Behind> = None;
         loop {
             if self.sub.lagged() && self.absorb_lag(&mut batches).await.is_err() {
                 return;
@@ -195,17 +220,29 @@ impl WatchStream {
             }
             let unsynced = self.watchers.values().filter(|w| !w.synced).count();
             self.gauges.set(self.watchers.len(), unsynced);
-            let catching_up = unsynced > 0;
+            self.track_behind(&mut behind, unsynced);
+            let catching_up = unsynced > 0 && !stalled;
+            let warn_at = behind.as_ref().map(|b| b.warn_at);
             let step = tokio::select! {
                 biased;
                 () = shutdown.cancelled() => Step::Shutdown,
                 request = inbound.message() => Step::Request(request.ok().flatten()),
                 batch = batches.recv() => Step::Batch(batch),
                 () = self.sub.lag_signalled() => Step::Lagged,
-                _ = delivered.changed(), if self.progress_target.is_some() => Step::Delivered,
+                _ = delivered.changed(), if self.progress_target.is_some() || stalled => {
+                    Step::Delivered
+                }
                 _ = ticker.tick() => Step::Tick,
+                () = tokio::time::sleep_until(warn_at.unwrap_or_else(Instant::now)),
+                    if warn_at.is_some() => Step::Behind,
                 () = std::future::ready(()), if catching_up => Step::CatchUp,
             };
+            if matches!(
+                step,
+                Step::Request(_) | Step::Batch(_) | Step::Lagged | Step::Delivered
+            ) {
+                stalled = false;
+            }
             let outcome = match step {
                 Step::Shutdown => {
                     let _ = self
@@ -219,8 +256,17 @@ impl WatchStream {
                 Step::Batch(Some(batch)) => self.deliver(&batch).await,
                 Step::Lagged | Step::Delivered => Ok(()),
                 Step::Tick => self.notify_progress(&batches).await,
+                Step::Behind => {
+                    if let Some(behind) = behind.as_mut() {
+                        self.warn_behind(behind.since);
+                        behind.warn_at = Instant::now() + BEHIND_REPEAT;
+                        behind.warned = true;
+                    }
+                    Ok(())
+                }
                 Step::CatchUp => match self.catch_up().await {
-                    Ok(()) => {
+                    Ok(progressed) => {
+                        stalled = !progressed;
                         retry = Duration::from_millis(20);
                         Ok(())
                     }
@@ -237,6 +283,51 @@ impl WatchStream {
                 return;
             }
         }
+    }
+
+    /// Starts or ends the stream's time behind: it is behind while a watcher is unsynced or a
+    /// progress request waits.
+    fn track_behind(&mut self, behind: &mut Option<Behind>, unsynced: usize) {
+        let is_behind = unsynced > 0 || self.progress_target.is_some();
+        match (is_behind, behind.as_ref()) {
+            (true, None) => {
+                let since = Instant::now();
+                *behind = Some(Behind {
+                    since,
+                    warn_at: since + BEHIND_WARNING,
+                    warned: false,
+                });
+                self.gauges.behind(Some(since.into_std()));
+            }
+            (false, Some(was)) => {
+                if was.warned {
+                    tracing::info!(
+                        behind_ms = was.since.elapsed().as_millis() as u64,
+                        "watch stream caught up"
+                    );
+                }
+                *behind = None;
+                self.gauges.behind(None);
+            }
+            _ => {}
+        }
+    }
+
+    fn warn_behind(&self, since: Instant) {
+        let oldest = self
+            .watchers
+            .iter()
+            .filter(|(_, w)| !w.synced)
+            .min_by_key(|(_, w)| w.next_rev);
+        tracing::warn!(
+            behind_ms = since.elapsed().as_millis() as u64,
+            unsynced = self.watchers.values().filter(|w| !w.synced).count(),
+            oldest_watch_id = oldest.map(|(id, _)| *id),
+            oldest_next_revision = oldest.map(|(_, w)| w.next_rev),
+            progress_target = self.progress_target,
+            hub_delivered = self.sub.hub().delivered(),
+            "watch stream is behind: events or progress responses are late"
+        );
     }
 
     async fn send(&self, response: pb::WatchResponse) -> Result<(), Closed> {
@@ -425,8 +516,9 @@ impl WatchStream {
     }
 
     /// Replays one chunk of the log to the unsynced watchers, then lets those that have seen
-    /// everything the hub published join it.
-    async fn catch_up(&mut self) -> Result<(), CatchUpError> {
+    /// everything the hub published join it. Returns whether it read a chunk or a watcher
+    /// joined: if neither, trying again before H moves (or the lag clears) would change nothing.
+    async fn catch_up(&mut self) -> Result<bool, CatchUpError> {
         let hub = self.sub.hub().clone();
         let delivered = hub.delivered();
         let from = self
@@ -435,7 +527,9 @@ impl WatchStream {
             .filter(|w| !w.synced)
             .map(|w| w.next_rev)
             .min();
+        let mut progressed = false;
         if let Some(from) = from.filter(|from| *from <= delivered) {
+            progressed = true;
             let through = (from - 1 + READ_CHUNK).min(delivered);
             let (revisions, events) = hub.read_changes(from - 1, through).await?;
             let compacted: Vec<i64> = self
@@ -473,8 +567,9 @@ impl WatchStream {
         }
         for (id, watcher) in self.watchers.iter_mut().filter(|(_, w)| !w.synced) {
             watcher.synced = self.sub.join(*id, &watcher.range, watcher.next_rev).is_ok();
+            progressed |= watcher.synced;
         }
-        Ok(())
+        Ok(progressed)
     }
 
     /// Answers waiting progress requests once every event up to the delivered revision has been
