@@ -462,7 +462,8 @@ impl Metrics {
             Err(e) => tracing::warn!(error = %e, "metrics: cannot read the store"),
         }
         let oldest = lock(&m.behind_since).values().min().copied();
-        m.watch_behind.set(oldest.map_or(0.0, |since| since.elapsed().as_secs_f64()));
+        m.watch_behind
+            .set(oldest.map_or(0.0, |since| since.elapsed().as_secs_f64()));
         if let Some(rss) = resident_memory_bytes() {
             m.resident_memory.set(rss);
         }

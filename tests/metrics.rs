@@ -491,7 +491,10 @@ async fn a_watch_stream_that_stays_behind_is_measured() {
             > first.get("etcdsql_watch_stream_behind_seconds", &[]),
         "the time behind grows while the stream stays behind"
     );
-    assert_eq!(later.get("etcd_debugging_mvcc_slow_watcher_total", &[]), 1.0);
+    assert_eq!(
+        later.get("etcd_debugging_mvcc_slow_watcher_total", &[]),
+        1.0
+    );
     assert_eq!(later.get("etcdsql_watch_hub_lag_revisions", &[]), 0.0);
 
     let mut seen = 0;

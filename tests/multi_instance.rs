@@ -76,7 +76,10 @@ async fn watchers_see_other_instances_writes_without_polling() {
         .watch("n/", Some(WatchOptions::new().with_prefix()))
         .await
         .unwrap();
-    watch.message().await.unwrap();
+    tokio::time::timeout(WAIT, watch.message())
+        .await
+        .expect("the watch is created in time")
+        .unwrap();
     for i in 0..5 {
         let put = ca.put(format!("n/{i}"), "v", None).await.unwrap();
         let r = tokio::time::timeout(WAIT, watch.message())

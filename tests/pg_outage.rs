@@ -59,7 +59,10 @@ async fn postgres_outage_loses_nothing_and_recovers_by_itself() {
         .watch("o/", Some(WatchOptions::new().with_prefix()))
         .await
         .unwrap();
-    watch.message().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(30), watch.message())
+        .await
+        .expect("the watch is created within 30 s")
+        .unwrap();
 
     let stop = Arc::new(AtomicBool::new(false));
     let writers: Vec<_> = (0..4)
@@ -110,7 +113,12 @@ async fn postgres_outage_loses_nothing_and_recovers_by_itself() {
     let mut acked = Vec::new();
     let mut unavailable = 0;
     for w in writers {
-        let (a, u) = w.await.unwrap();
+        // Each writer stops at its next request; a request waits at most for the pool's
+        // connect timeout.
+        let (a, u) = tokio::time::timeout(Duration::from_secs(30), w)
+            .await
+            .expect("a writer stopped within 30 s of being told to")
+            .unwrap();
         acked.extend(a);
         unavailable += u;
     }

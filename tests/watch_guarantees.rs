@@ -166,6 +166,8 @@ async fn run_stream(
     let mut floors: BTreeMap<i64, i64> = BTreeMap::new();
     let mut responses = 0usize;
     let mut last_poke = tokio::time::Instant::now();
+    let mut last_response = tokio::time::Instant::now();
+    let mut last_progress = 0;
     loop {
         let target = *final_rev.borrow();
         if target > 0 && last_poke.elapsed() > Duration::from_millis(100) {
@@ -174,8 +176,20 @@ async fn run_stream(
         }
         let r = match tokio::time::timeout(Duration::from_millis(200), message(&mut stream)).await {
             Ok(r) => r,
-            Err(_) => continue,
+            Err(_) => {
+                assert!(
+                    last_response.elapsed() < DEADLINE,
+                    "stream {seed}: no response for {} s while waiting for a progress response \
+                     at or above {target} (0: the writers are not done); last progress \
+                     {last_progress}, {} creates and {} cancels unanswered",
+                    DEADLINE.as_secs(),
+                    pending.len(),
+                    cancelling.len()
+                );
+                continue;
+            }
         };
+        last_response = tokio::time::Instant::now();
         responses += 1;
         if slow {
             tokio::time::sleep(Duration::from_millis(rng.random_range(1..6))).await;
@@ -185,6 +199,7 @@ async fn run_stream(
         }
         if r.watch_id() == -1 {
             let revision = r.header().unwrap().revision();
+            last_progress = revision;
             for floor in floors.values_mut() {
                 *floor = (*floor).max(revision);
             }
@@ -344,9 +359,15 @@ async fn every_watcher_sees_exactly_the_log() {
         .map(|w| tokio::spawn(writer(clients[w % instances].clone(), 100 + w as u64)))
         .collect();
     for w in writers {
-        w.await.unwrap();
+        tokio::time::timeout(DEADLINE, w)
+            .await
+            .expect("a writer finished its operations before the deadline")
+            .unwrap();
     }
-    compactor.await.unwrap();
+    tokio::time::timeout(DEADLINE, compactor)
+        .await
+        .expect("the compaction finished before the deadline")
+        .unwrap();
     let last = current_revision(&mut c).await;
     final_tx.send(last).unwrap();
 
@@ -374,7 +395,7 @@ async fn every_watcher_sees_exactly_the_log() {
     for stream in streams {
         for w in tokio::time::timeout(DEADLINE, stream)
             .await
-            .expect("stream finished before the deadline")
+            .expect("a watch stream reached the final revision before the deadline")
             .unwrap()
         {
             assert!(w.violations.is_empty(), "{:?}", w.violations);

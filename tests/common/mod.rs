@@ -1,19 +1,56 @@
 //! Starts a real etcdsql (real SQLite file, real gRPC port on 127.0.0.1) for a test, and stops
 //! it through the same shutdown path production uses.
+//!
+//! Every test that starts a server is bounded: each wait in a test has its own deadline and
+//! message, and behind them each server carries a [`Watchdog`] that ends the test process with
+//! the test's name if the server is still up after [`TEST_LIMIT`], so a wait someone forgot to
+//! bound fails the run instead of using up CI's time.
 
 #![allow(dead_code)]
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::time::Duration;
 
 use etcd_client::Client;
 use etcdsql::{Config, Running};
 use tokio_util::sync::CancellationToken;
+
+/// Longest a test may keep a server running: ten times what the slowest test needs on a
+/// contended machine.
+pub const TEST_LIMIT: Duration = Duration::from_secs(300);
+
+/// Ends the test process, naming `what`, unless dropped within the limit.
+pub struct Watchdog {
+    _disarm: mpsc::Sender<()>,
+}
+
+impl Watchdog {
+    pub fn new(what: String, limit: Duration) -> Self {
+        let (disarm, disarmed) = mpsc::channel::<()>();
+        std::thread::spawn(move || {
+            if let Err(mpsc::RecvTimeoutError::Timeout) = disarmed.recv_timeout(limit) {
+                // Straight to stderr: the test harness would swallow eprintln's captured output.
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "{what} is still running after {} s: some wait in it has no bound; \
+                     ending the test process",
+                    limit.as_secs()
+                );
+                std::process::exit(101);
+            }
+        });
+        Self { _disarm: disarm }
+    }
+}
 
 pub struct TestServer {
     pub addr: std::net::SocketAddr,
     pub db_dir: PathBuf,
     shutdown: CancellationToken,
     running: Option<Running>,
+    _watchdog: Watchdog,
 }
 
 impl TestServer {
@@ -31,6 +68,9 @@ impl TestServer {
         config.endpoint = test_endpoint(dir);
         config.shutdown_grace_seconds = 2;
         tweak(&mut config);
+        // Tests start their servers from the test's own thread, which bears its name.
+        let test = std::thread::current().name().unwrap_or("a test").to_owned();
+        let watchdog = Watchdog::new(format!("test {test:?}"), TEST_LIMIT);
         let shutdown = CancellationToken::new();
         let running = etcdsql::start(config, shutdown.clone())
             .await
@@ -40,6 +80,7 @@ impl TestServer {
             db_dir: dir.to_path_buf(),
             shutdown,
             running: Some(running),
+            _watchdog: watchdog,
         }
     }
 
@@ -57,7 +98,10 @@ impl TestServer {
     pub async fn stop(mut self) {
         self.shutdown.cancel();
         if let Some(running) = self.running.take() {
-            running.wait().await.expect("clean shutdown");
+            tokio::time::timeout(Duration::from_secs(30), running.wait())
+                .await
+                .expect("the server stops within 30 s")
+                .expect("clean shutdown");
         }
     }
 }
