@@ -31,8 +31,22 @@ else
 fi
 
 export ETCDSQL_BIN="$PWD/target/debug/etcdsql"
+# Each test that starts a server is bounded by its own watchdog (tests/common); this is the net
+# under them, for everything else in a test binary.
+bounded() {
+    local limit=$1 status=0
+    shift
+    timeout -k 10 "$limit" "$@" || status=$?
+    if [ "$status" -ge 124 ] && [ "$status" -le 137 ]; then
+        echo "timed out after $limit s: $*" >&2
+    fi
+    return "$status"
+}
+# Rounds of the concurrency tests beside a CPU hog (tests/contended.sh).
+rounds=${ETCDSQL_CONTENDED_ROUNDS:-10}
 cargo build --locked
-cargo test --locked
+bounded 2400 cargo test --locked
+bash tests/contended.sh "$rounds" watch_guarantees
 # The benchmark harness in its smoke size: proves it runs against etcd and etcdsql (no timings
 # are asserted); its tables go to a temporary folder.
 cargo test --locked --bench vs_etcd -- --smoke
@@ -57,8 +71,13 @@ if psql "$postgres/postgres" -Atqc 'SELECT 1' >/dev/null 2>&1; then
     if command -v pg_ctlcluster >/dev/null && [[ $postgres == *@127.0.0.1:* ]]; then
         outage=1
     fi
-    ETCDSQL_TEST_BACKEND=postgres ETCDSQL_TEST_OUTAGE=$outage ETCDSQL_TEST_POSTGRES="$postgres" \
-        cargo test --locked
+    export ETCDSQL_TEST_BACKEND=postgres ETCDSQL_TEST_OUTAGE=$outage ETCDSQL_TEST_POSTGRES="$postgres"
+    bounded 2400 cargo test --locked
+    # The guarantee checker runs over three instances here.
+    contended=(watch_guarantees multi_instance)
+    if [ "$outage" = 1 ]; then contended+=(pg_outage); fi
+    bash tests/contended.sh "$rounds" "${contended[@]}"
+    unset ETCDSQL_TEST_BACKEND ETCDSQL_TEST_OUTAGE ETCDSQL_TEST_POSTGRES
     ETCDSQL_POSTGRES="$postgres" bash conformance/run.sh etcdsql
     ETCDSQL_POSTGRES="$postgres" bash conformance/kube-apiserver/run.sh postgres
     cargo test --locked --bench scale -- --smoke --backends postgres --postgres-url "$postgres"
