@@ -446,8 +446,7 @@ impl Metrics {
         };
         match read.await {
             Ok((revisions, size, keys)) => {
-                // After the revisions were read: H may have passed them since, never fallen
-                // short of a revision it had already delivered.
+                // H is read after the revisions, so the lag is never overstated.
                 if let Some(delivered) = m.hub_delivered.get() {
                     let delivered = *delivered.borrow();
                     m.hub_lag.set((revisions.current - delivered).max(0));

@@ -132,6 +132,20 @@ async fn scrape_until(server: &TestServer, done: impl Fn(&Scrape) -> bool) -> Sc
     }
 }
 
+/// Reads `n` events from a watch stream, each response within [`DEADLINE`].
+async fn read_events(watch: &mut etcd_client::WatchStream, n: usize) {
+    let mut seen = 0;
+    while seen < n {
+        let response = tokio::time::timeout(DEADLINE, watch.message())
+            .await
+            .expect("a watch response in time")
+            .unwrap()
+            .expect("the stream stays open");
+        seen += response.events().len();
+    }
+    assert_eq!(seen, n, "exactly the events written");
+}
+
 const KV: (&str, &str) = ("grpc_service", "etcdserverpb.KV");
 const UNARY: (&str, &str) = ("grpc_type", "unary");
 
@@ -409,15 +423,7 @@ async fn a_watch_from_the_past_counts_as_slow_until_it_caught_up() {
         )
         .await
         .unwrap();
-    let mut seen = 0;
-    while seen < 20 {
-        let response = tokio::time::timeout(DEADLINE, watch.message())
-            .await
-            .expect("a watch response in time")
-            .unwrap()
-            .unwrap();
-        seen += response.events().len();
-    }
+    read_events(&mut watch, 20).await;
     // Replayed from the log, then joined the hub: one watcher, none slow.
     let s = scrape_until(&server, |s| {
         s.get("etcd_debugging_mvcc_slow_watcher_total", &[]) == 0.0
@@ -497,16 +503,7 @@ async fn a_watch_stream_that_stays_behind_is_measured() {
     );
     assert_eq!(later.get("etcdsql_watch_hub_lag_revisions", &[]), 0.0);
 
-    let mut seen = 0;
-    while seen < EVENTS {
-        let response = tokio::time::timeout(DEADLINE, watch.message())
-            .await
-            .expect("a watch response in time")
-            .unwrap()
-            .unwrap();
-        seen += response.events().len();
-    }
-    assert_eq!(seen, EVENTS);
+    read_events(&mut watch, EVENTS).await;
     scrape_until(&server, |s| {
         s.get("etcdsql_watch_stream_behind_seconds", &[]) == 0.0
             && s.get("etcd_debugging_mvcc_slow_watcher_total", &[]) == 0.0

@@ -596,16 +596,19 @@ mod tests {
         }
     }
 
+    /// A hub at revision 1 over a fresh SQLite file in `dir`, with no tailer.
+    async fn test_hub(dir: &std::path::Path) -> Hub {
+        let endpoint = format!("sqlite://{}", dir.join("state.db").display());
+        let backend = crate::backend::open(&endpoint, &Default::default())
+            .await
+            .unwrap();
+        Hub::new(backend, 1)
+    }
+
     #[tokio::test]
     async fn a_full_queue_takes_the_stream_off_the_hub_until_it_catches_up() {
         let dir = tempfile::tempdir().unwrap();
-        let endpoint = format!("sqlite://{}", dir.path().join("state.db").display());
-        let hub = Hub::new(
-            crate::backend::open(&endpoint, &Default::default())
-                .await
-                .unwrap(),
-            1,
-        );
+        let hub = test_hub(dir.path()).await;
         let (sub, mut batches) = hub.subscribe();
         let (other, mut other_batches) = hub.subscribe();
         let all = range("k", "\0");
@@ -670,13 +673,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn racing_publishers_announce_the_newest_revision() {
         let dir = tempfile::tempdir().unwrap();
-        let endpoint = format!("sqlite://{}", dir.path().join("state.db").display());
-        let hub = Hub::new(
-            crate::backend::open(&endpoint, &Default::default())
-                .await
-                .unwrap(),
-            1,
-        );
+        let hub = test_hub(dir.path()).await;
         let mut announced = hub.delivered_changes();
         let (paused_tx, paused) = std::sync::mpsc::channel();
         let (resume, resumed) = std::sync::mpsc::channel::<()>();
