@@ -36,3 +36,7 @@ $ETCDCTL put q 2 >/dev/null            # rev 11
 $ETCDCTL put other 1 >/dev/null        # rev 12
 e compact 11
 watch_lines 1 10 --rev 11 --prev-kv q -w json
+section 'prev_kv older than the compact revision, of an event after it'
+$ETCDCTL put q 3 >/dev/null            # rev 13: its previous version (rev 11) is below 12
+e compact 12
+watch_lines 1 10 --rev 13 --prev-kv q -w json

@@ -12,6 +12,12 @@
 //! - A progress request is answered (`watch_id = -1`) with a revision R ≥ the current revision
 //!   at the time of the request, once every watcher of the stream is synced and every batch up
 //!   to R has been handed to it: an event at or below R can never follow.
+//! - An event carries `prev_kv` (when asked) only if the revision just before it is at or above
+//!   the compact revision, as etcd decides: etcd reads the previous version at revision − 1 and
+//!   sends the event without it when that read is compacted. kube-apiserver turns the absence
+//!   into the 410 of a watch resumed from a compacted revision. The compact revision used is the
+//!   newest the stream has read (at each catch-up chunk and create): a live event whose
+//!   revision a compaction passes between its commit and its delivery keeps its `prev_kv`.
 //! - `progress_notify` watchers get an empty response with the delivered revision at each
 //!   interval in which they received nothing, under the same condition.
 //! - The loop never spins: a catch-up that could neither read nor join a watcher is not tried
@@ -102,6 +108,7 @@ impl pb::watch_server::Watch for WatchService {
             next_id: 0,
             progress_target: None,
             progress_pending: 0,
+            compact: 0,
             gauges: self.metrics.watch_stream(),
             metrics: self.metrics.clone(),
         };
@@ -131,8 +138,9 @@ struct Watcher {
 }
 
 impl Watcher {
-    /// The events of `events` this watcher has not seen and wants, in etcd's wire form.
-    fn select(&self, events: &[Event]) -> Vec<mvccpb::Event> {
+    /// The events of `events` this watcher has not seen and wants, in etcd's wire form, given
+    /// the compact revision.
+    fn select(&self, events: &[Event], compact: i64) -> Vec<mvccpb::Event> {
         events
             .iter()
             .filter(|e| e.revision() >= self.next_rev && self.range.contains(&e.kv.key))
@@ -146,7 +154,7 @@ impl Watcher {
                     EventKind::Delete => mvccpb::event::EventType::Delete as i32,
                 },
                 kv: Some(kv_to_pb(e.kv.clone())),
-                prev_kv: if self.prev_kv {
+                prev_kv: if self.prev_kv && e.revision() - 1 >= compact {
                     e.prev_kv.clone().map(kv_to_pb)
                 } else {
                     None
@@ -188,6 +196,8 @@ struct WatchStream {
     /// The revision pending progress requests must reach, and how many are waiting.
     progress_target: Option<i64>,
     progress_pending: usize,
+    /// The newest compact revision the stream has read, for the `prev_kv` rule.
+    compact: i64,
     /// This stream's watchers in the watcher gauges; released when the stream ends.
     gauges: WatchGauges,
     metrics: Metrics,
@@ -411,6 +421,7 @@ impl WatchStream {
         created.created = true;
         self.send(created).await?;
 
+        self.compact = self.compact.max(revisions.compact);
         if create.start_revision > 0 && create.start_revision < revisions.compact {
             let mut compacted = self.response(id, revisions.current);
             compacted.canceled = true;
@@ -445,7 +456,7 @@ impl WatchStream {
     async fn deliver(&mut self, batch: &Batch) -> Result<(), Closed> {
         let mut responses = Vec::new();
         for (id, watcher) in self.watchers.iter_mut().filter(|(_, w)| w.synced) {
-            let events = watcher.select(&batch.events);
+            let events = watcher.select(&batch.events, self.compact);
             watcher.next_rev = watcher.next_rev.max(batch.through + 1);
             if !events.is_empty() {
                 watcher.active = true;
@@ -531,6 +542,7 @@ impl WatchStream {
             progressed = true;
             let through = (from - 1 + READ_CHUNK).min(delivered);
             let (revisions, events) = hub.read_changes(from - 1, through).await?;
+            self.compact = self.compact.max(revisions.compact);
             let compacted: Vec<i64> = self
                 .watchers
                 .iter()
@@ -551,7 +563,7 @@ impl WatchStream {
                 if watcher.next_rev > through {
                     continue;
                 }
-                let selected = watcher.select(&events);
+                let selected = watcher.select(&events, revisions.compact);
                 watcher.next_rev = through + 1;
                 if !selected.is_empty() {
                     watcher.active = true;
