@@ -154,7 +154,7 @@ impl Watcher {
                     EventKind::Delete => mvccpb::event::EventType::Delete as i32,
                 },
                 kv: Some(kv_to_pb(e.kv.clone())),
-                prev_kv: if self.prev_kv && e.revision() - 1 >= compact {
+                prev_kv: if self.prev_kv && e.revision() > compact {
                     e.prev_kv.clone().map(kv_to_pb)
                 } else {
                     None
