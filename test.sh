@@ -37,7 +37,8 @@ bounded() {
     local limit=$1 status=0
     shift
     timeout -k 10 "$limit" "$@" || status=$?
-    if [ "$status" -ge 124 ] && [ "$status" -le 137 ]; then
+    # timeout's own codes: 124 when the limit passed, 137 when the command then had to be killed.
+    if [ "$status" = 124 ] || [ "$status" = 137 ]; then
         echo "timed out after $limit s: $*" >&2
     fi
     return "$status"

@@ -538,7 +538,6 @@ impl Metrics {
             id: self.inner.next_stream.fetch_add(1, Ordering::Relaxed),
             watchers: 0,
             slow: 0,
-            behind: false,
         }
     }
 
@@ -636,7 +635,6 @@ pub struct WatchGauges {
     id: u64,
     watchers: i64,
     slow: i64,
-    behind: bool,
 }
 
 impl WatchGauges {
@@ -655,12 +653,9 @@ impl WatchGauges {
         }
     }
 
-    /// The stream has been behind since `since`, or is not behind (`None`).
+    /// The stream has been behind since `since`, or is not behind (`None`). Called when that
+    /// changes, not on every turn of the stream's loop.
     pub fn behind(&mut self, since: Option<Instant>) {
-        if since.is_some() == self.behind {
-            return;
-        }
-        self.behind = since.is_some();
         let mut streams = lock(&self.metrics.inner.behind_since);
         match since {
             Some(since) => streams.insert(self.id, since),

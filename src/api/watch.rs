@@ -563,7 +563,7 @@ impl WatchStream {
                 if watcher.next_rev > through {
                     continue;
                 }
-                let selected = watcher.select(&events, revisions.compact);
+                let selected = watcher.select(&events, self.compact);
                 watcher.next_rev = through + 1;
                 if !selected.is_empty() {
                     watcher.active = true;
