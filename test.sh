@@ -55,9 +55,12 @@ cargo test --locked --bench scale -- --smoke --backends sqlite
 bash conformance/run.sh etcd
 bash conformance/run.sh etcdsql
 bash conformance/kube-apiserver/run.sh sqlite
-# Kubernetes 1.36's own storage test suite, against real etcd 3.5 and etcdsql.
+# Kubernetes 1.36's own storage test suite, against real etcd 3.5 and etcdsql; then a 1.36 API
+# server (apiextensions-apiserver) end to end, on both.
 bash conformance/k8s-storage/run.sh etcd
 bash conformance/k8s-storage/run.sh sqlite
+bash conformance/apiextensions/run.sh etcd
+bash conformance/apiextensions/run.sh sqlite
 
 postgres=${ETCDSQL_TEST_POSTGRES:-postgres://postgres@127.0.0.1:5432}
 # Drops the databases earlier test runs left (test-only names, never anything else).
@@ -85,6 +88,7 @@ if psql "$postgres/postgres" -Atqc 'SELECT 1' >/dev/null 2>&1; then
     ETCDSQL_POSTGRES="$postgres" bash conformance/run.sh etcdsql
     ETCDSQL_POSTGRES="$postgres" bash conformance/kube-apiserver/run.sh postgres
     ETCDSQL_POSTGRES="$postgres" bash conformance/k8s-storage/run.sh postgres
+    ETCDSQL_POSTGRES="$postgres" bash conformance/apiextensions/run.sh postgres
     cargo test --locked --bench scale -- --smoke --backends postgres --postgres-url "$postgres"
     drop_test_databases
 elif [ "${ETCDSQL_REQUIRE_POSTGRES:-0}" = 1 ]; then

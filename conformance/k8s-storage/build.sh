@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
-# Builds Kubernetes' own storage test suite (k8s.io/apiserver/pkg/storage/etcd3, with the shared
-# tests of pkg/storage/testing) and fetches the etcd it is checked against, from Debian's
-# unstable suite ("sid") only:
+# Builds Kubernetes 1.36's storage layer in two forms, and fetches the etcd they are checked
+# against, from Debian's unstable suite ("sid") only:
 #
-#   golang-k8s-apiserver-dev   the suite's sources (0.36.x = Kubernetes 1.36.x), with its whole
-#                              closure of golang-*-dev packages (about 300)
-#   golang-1.26-go/-src        the Go that compiles it, in GOPATH mode (no module downloads)
+#   golang-k8s-apiserver-dev   Kubernetes' own storage test suite (k8s.io/apiserver/pkg/storage/
+#                              etcd3, with the shared tests of pkg/storage/testing; 0.36.x =
+#                              Kubernetes 1.36.x), compiled into etcd3.test
+#   golang-k8s-apiextensions-apiserver-dev
+#                              the API server for CustomResourceDefinitions (its main.go,
+#                              unchanged), compiled into apiextensions-apiserver; both with their
+#                              whole closure of golang-*-dev packages (about 300)
+#   golang-1.26-go/-src        the Go that compiles them, in GOPATH mode (no module downloads)
 #   etcd-server                real etcd 3.5, the reference server
 #
 # The test binary is compiled with `go test -overlay`, which swaps the suite's test-server helper
@@ -16,7 +20,8 @@
 # empty status file, all passed with -o), so the system's apt sources are left untouched. The
 # result is cached, keyed by every package file's name (so by every version) and the overlay:
 #
-#   ${ETCDSQL_CACHE_DIR:-~/.cache/etcdsql}/k8s-storage/<key>/{etcd3.test,etcd,versions.txt}
+#   ${ETCDSQL_CACHE_DIR:-~/.cache/etcdsql}/k8s-storage/<key>/
+#       {etcd3.test,apiextensions-apiserver,etcd,versions.txt}
 #
 # Prints that folder as the last line on stdout; progress goes to stderr. Cold: about 6 minutes
 # on 2 cores (download 15 s, unpack 40 s, compile 5 min); warm: seconds.
@@ -25,6 +30,8 @@ set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 SUITE=k8s.io/apiserver/pkg/storage/etcd3
 SUITE_PACKAGE=golang-k8s-apiserver-dev
+SERVER=k8s.io/apiextensions-apiserver
+SERVER_PACKAGE=golang-k8s-apiextensions-apiserver-dev
 GO_VERSION=1.26
 MIRROR=${ETCDSQL_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 ROOT=${ETCDSQL_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/etcdsql}/k8s-storage
@@ -59,10 +66,10 @@ flock -w 1800 9 || die "timed out waiting for another build (lock $ROOT/lock)"
 log "apt-get update (sid, private lists)"
 apt-get "${apt_opts[@]}" update -qq >&2 || die "cannot read sid's package lists from $MIRROR"
 
-# The suite's dependency closure: every Go source package it needs, and the toolchain.
+# The dependency closure: every Go source package the two need, and the toolchain.
 closure=$(apt-cache "${apt_opts[@]}" depends --recurse --no-recommends --no-suggests \
-    --no-conflicts --no-breaks --no-replaces --no-enhances "$SUITE_PACKAGE" |
-    grep -E '^golang-.*-dev$' | sort -u) || die "sid has no $SUITE_PACKAGE"
+    --no-conflicts --no-breaks --no-replaces --no-enhances "$SUITE_PACKAGE" "$SERVER_PACKAGE" |
+    grep -E '^golang-.*-dev$' | sort -u) || die "sid has no $SUITE_PACKAGE or no $SERVER_PACKAGE"
 packages=($closure "golang-$GO_VERSION-go" "golang-$GO_VERSION-src" etcd-server)
 
 # One line per package file: name_version_arch.deb. Their list is the cache key.
@@ -103,7 +110,16 @@ log "compiling the $SUITE tests (about 5 minutes cold)"
 mkdir -p "$dest.tmp"
 (cd "$work" && "$GOROOT/bin/go" test -c -overlay "$work/overlay.json" -o "$dest.tmp/etcd3.test" "$SUITE") >&2 ||
     die "compiling the suite failed"
-cp "$work/root/usr/bin/etcd" "$dest.tmp/etcd"
+# It reports its version (/version) from these, as a release build does: 0.36.4 is v1.36.4.
+server_version=$(sed -n "s/^${SERVER_PACKAGE}_0\.\([0-9]*\)\.\([0-9]*\)-.*/1 \1 \2/p" <<<"$files")
+read -r major minor patch <<<"$server_version"
+[ -n "$patch" ] || die "cannot tell the Kubernetes version of $SERVER_PACKAGE"
+version_pkg=k8s.io/component-base/version
+log "compiling $SERVER (v$major.$minor.$patch)"
+(cd "$work" && "$GOROOT/bin/go" build -o "$dest.tmp/apiextensions-apiserver" \
+    -ldflags "-X $version_pkg.gitVersion=v$major.$minor.$patch -X $version_pkg.gitMajor=$major -X $version_pkg.gitMinor=$minor" \
+    "$SERVER") >&2 || die "compiling $SERVER failed"
+cp "$work/root/usr/bin/etcd" "$dest.tmp/"
 echo "$files" >"$dest.tmp/versions.txt"
 touch "$dest.tmp/complete"
 rm -rf "$dest"

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Finds storage errors in kube-apiserver's log that allowed-log-errors.txt does not explain.
+"""Finds storage errors in an API server's log (kube-apiserver's, or apiextensions-apiserver's)
+that an allowlist (allowed-log-errors.txt beside each run.sh) does not explain.
 
 usage: check_log.py ALLOWLIST LOG [WINDOW=FROM:TO ...]
 

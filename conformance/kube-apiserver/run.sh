@@ -79,162 +79,10 @@ KUBE_APISERVER=$KUBE_DIR/kube-apiserver
 KUBECTL=$KUBE_DIR/kubectl
 
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/etcdsql-kube-e2e.XXXXXX")
-STORE_LOG=$WORK/store.log
-API_LOG=$WORK/apiserver.log
-STORE_PID=""
-API_PID=""
-BG_PIDS=() # kubectl watches
-PG_DB=""
-PASSED=0
-FAILED=0
-FAILED_CHECKS=()
-T0=$SECONDS
-
-# ---------------------------------------------------------------------------------------------
-# Reporting
-
-step() { echo "== $* (t=$((SECONDS - T0))s)"; }
-ok() {
-    PASSED=$((PASSED + 1))
-    echo "   ok   $*"
-}
-bad() {
-    FAILED=$((FAILED + 1))
-    FAILED_CHECKS+=("$1")
-    echo "   FAIL $*"
-}
-# die MESSAGE: a failure the scenario cannot go on from.
-die() {
-    bad "$*"
-    exit 1
-}
-# expect_eq DESCRIPTION WANT GOT
-expect_eq() {
-    if [ "$2" = "$3" ]; then
-        ok "$1"
-    else
-        bad "$1"
-        diff <(printf '%s\n' "$2") <(printf '%s\n' "$3") | sed -n 's/^</       want:/p; s/^>/       got: /p' | head -n 20 || true
-    fi
-}
-# expect_match DESCRIPTION ERE TEXT
-expect_match() {
-    if grep -Eq -- "$2" <<<"$3"; then
-        ok "$1"
-    else
-        bad "$1"
-        echo "       want a match for: $2"
-        printf '%s\n' "$3" | head -n 10 | sed 's/^/       got: /' || true
-    fi
-}
-
-stop_pid() { # stop_pid PID SECONDS [quiet]: SIGTERM, then SIGKILL after SECONDS
-    local pid=$1 i
-    [ -n "$pid" ] || return 0
-    if kill -0 "$pid" 2>/dev/null; then
-        kill -TERM "$pid" 2>/dev/null || true
-        for ((i = 0; i < $2 * 10; i++)); do
-            kill -0 "$pid" 2>/dev/null || break
-            sleep 0.1
-        done
-        if kill -0 "$pid" 2>/dev/null; then
-            [ "${3:-}" = quiet ] || echo "   (pid $pid still running $2 s after SIGTERM: SIGKILL)"
-            kill -KILL "$pid" 2>/dev/null || true
-        fi
-    fi
-    wait "$pid" 2>/dev/null || true
-}
-
-cleanup() {
-    local rc=$? pid
-    trap - EXIT
-    for pid in ${BG_PIDS[@]+"${BG_PIDS[@]}"}; do stop_pid "$pid" 5 quiet; done
-    # Its shutdown is not under test: it keeps trying to remove itself from the `kubernetes`
-    # Endpoints through its own closed port for 20 s or more.
-    stop_pid "$API_PID" 5 quiet
-    stop_pid "$STORE_PID" 20
-    if [ -n "$PG_DB" ]; then
-        psql "$PG_SERVER/postgres" -qc "DROP DATABASE IF EXISTS \"$PG_DB\" WITH (FORCE)" >/dev/null 2>&1 ||
-            echo "run.sh: could not drop database $PG_DB" >&2
-    fi
-    if [ "$FAILED" -gt 0 ] || [ "$rc" != 0 ]; then
-        [ "$FAILED" -gt 0 ] || bad "run.sh exited with status $rc"
-        for f in "$API_LOG" "$STORE_LOG"; do
-            [ -f "$f" ] || continue
-            echo "--- last lines of ${f##*/}:"
-            tail -n 40 "$f" | cut -c1-400 | sed 's/^/   | /'
-        done
-        echo "failed checks:"
-        printf '   %s\n' "${FAILED_CHECKS[@]}"
-        echo "logs kept in $WORK"
-    elif [ "${KEEP_WORK:-0}" = 1 ]; then
-        echo "logs kept in $WORK"
-    else
-        rm -rf "$WORK"
-    fi
-    echo "elapsed: $((SECONDS - T0))s"
-    echo "kube-apiserver: $PASSED passed, $FAILED failed"
-    [ "$FAILED" -eq 0 ] && [ "$rc" = 0 ] || exit 1
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-trap 'echo "run.sh: line $LINENO: a command failed (status $?)" >&2' ERR
-
-# ---------------------------------------------------------------------------------------------
-# Servers
-
-free_ports() { # free_ports N: N distinct free TCP ports on 127.0.0.1
-    python3 - "$1" <<'EOF'
-import socket, sys
-socks = []
-for _ in range(int(sys.argv[1])):
-    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    s.bind(("127.0.0.1", 0))
-    socks.append(s)
-print(" ".join(str(s.getsockname()[1]) for s in socks))
-EOF
-}
-read -r STORE_PORT PEER_PORT API_PORT <<<"$(free_ports 3)"
-STORE_URL=http://127.0.0.1:$STORE_PORT
-API_URL=https://127.0.0.1:$API_PORT
-ETCDCTL=("$ETCDCTL_BIN" --endpoints="$STORE_URL" --dial-timeout=2s --command-timeout=10s)
-
-case "$BACKEND" in
-sqlite) ENDPOINT="sqlite://$WORK/db/state.db" ;;
-postgres)
-    # Databases left by runs that were killed (their pid is gone).
-    psql "$PG_SERVER/postgres" -Atqc "SELECT datname FROM pg_database WHERE datname LIKE 'etcdsql\_kube\_%'" |
-        while read -r db; do
-            kill -0 "${db##*_}" 2>/dev/null ||
-                psql "$PG_SERVER/postgres" -qc "DROP DATABASE IF EXISTS \"$db\" WITH (FORCE)" >/dev/null
-        done
-    PG_DB=etcdsql_kube_$$
-    ENDPOINT="$PG_SERVER/$PG_DB"
-    ;;
-esac
-
-# start_store: etcdsql (or etcd) on STORE_PORT; the same data on every start.
-start_store() {
-    echo "--- start $(date +%T)" >>"$STORE_LOG"
-    if [ "$BACKEND" = etcd ]; then
-        "$ETCD_BIN" --name default --data-dir "$WORK/etcd-data" \
-            --listen-client-urls "$STORE_URL" --advertise-client-urls "$STORE_URL" \
-            --listen-peer-urls "http://127.0.0.1:$PEER_PORT" \
-            --initial-advertise-peer-urls "http://127.0.0.1:$PEER_PORT" \
-            --initial-cluster "default=http://127.0.0.1:$PEER_PORT" \
-            >>"$STORE_LOG" 2>&1 </dev/null &
-    else
-        "$ETCDSQL_BIN" --endpoint "$ENDPOINT" --listen-client-urls "$STORE_URL" \
-            >>"$STORE_LOG" 2>&1 </dev/null &
-    fi
-    STORE_PID=$!
-    local deadline=$((SECONDS + 30))
-    until "${ETCDCTL[@]}" endpoint health >/dev/null 2>&1; do
-        kill -0 "$STORE_PID" 2>/dev/null || die "the store exited while starting"
-        ((SECONDS < deadline)) || die "the store was not healthy within 30 s"
-        sleep 0.2
-    done
-}
+E2E_NAME=kube-apiserver
+PG_PREFIX=etcdsql_kube_
+# shellcheck source=../e2e-lib.sh
+source "$HERE/../e2e-lib.sh"
 
 TOKEN=$(openssl rand -hex 16)
 # curl_api PATH [CURL ARGS...]: prints the HTTP status; the body goes to $WORK/body.
@@ -276,43 +124,15 @@ EOF
 kc() { "$KUBECTL" --kubeconfig="$WORK/kubeconfig" --cache-dir="$WORK/kube-cache" "$@"; }
 k() { kc --request-timeout=60s "$@"; }
 
-# json EXPR: evaluates the Python expression EXPR over the JSON document `d` on stdin.
-json() { python3 -c 'import json, sys; d = json.load(sys.stdin); print(eval(sys.argv[1]))' "$1"; }
-
-# Watches: watch_start NAME NAMESPACE RESOURCE runs `kubectl get -w --output-watch-events` in
-# the background, one "TYPE NAME" line per event in $WORK/watch.NAME; the objects that exist
-# when it starts come first as ADDED.
+# Watches: watch_start NAME NAMESPACE RESOURCE runs `kubectl get -w --output-watch-events` in the
+# background, one "TYPE NAME" line per event in $WORK/watch.NAME; the objects that exist when
+# it starts come first as ADDED.
 watch_start() {
     kc get "$3" -n "$2" -w --output-watch-events \
         -o jsonpath='{.type} {.object.metadata.name}{"\n"}' \
         >"$WORK/watch.$1" 2>"$WORK/watch.$1.err" </dev/null &
     BG_PIDS+=($!)
     eval "WATCH_PID_$1=$!"
-}
-# watch_expect NAME DESCRIPTION LINE...: waits (20 s at most) until the watch printed as many
-# lines as given, then checks that it printed exactly those, in that order.
-watch_expect() {
-    local name=$1 desc=$2 pidvar="WATCH_PID_$1" deadline=$((SECONDS + 20))
-    shift 2
-    local want
-    want=$(printf '%s\n' "$@")
-    while (($(wc -l <"$WORK/watch.$name") < $#)) && ((SECONDS < deadline)); do
-        kill -0 "${!pidvar}" 2>/dev/null || break
-        sleep 0.2
-    done
-    expect_eq "$desc" "$want" "$(cat "$WORK/watch.$name")"
-    if ! kill -0 "${!pidvar}" 2>/dev/null; then
-        bad "watch $name is no longer running"
-        sed 's/^/       stderr: /' "$WORK/watch.$name.err" | head -n 5 || true
-    fi
-}
-
-store_revision() { "${ETCDCTL[@]}" endpoint status -w json | json 'd[0]["Status"]["header"]["revision"]'; }
-# etcd_keys PREFIX: "key mod_revision version lease" per key under PREFIX, straight from the store.
-etcd_keys() {
-    "${ETCDCTL[@]}" get "$1" --prefix -w json | json '"\n".join(
-        "%s %s %s %s" % (__import__("base64").b64decode(kv["key"]).decode(), kv["mod_revision"],
-                         kv["version"], kv.get("lease", 0)) for kv in d.get("kvs", []))'
 }
 # e2e_objects: every configmap, secret and deployment in the e2e namespaces with its resourceVersion.
 e2e_objects() {
@@ -526,17 +346,9 @@ expect_eq "a deleted namespace is Terminating (no namespace controller runs)" "T
     "$(k get namespace e2e-gone -o jsonpath='{.status.phase}')"
 
 step "compaction by kube-apiserver"
-# kube-apiserver's compactor records the current revision on its first tick and compacts to it
-# on the second (then every interval): compact_rev_key holds that revision once it has.
-deadline=$((API_START + 3 * COMPACTION_INTERVAL + 30))
-compacted=0
-while ((SECONDS < deadline)); do
-    compacted=$("${ETCDCTL[@]}" get compact_rev_key --print-value-only 2>/dev/null || true)
-    [ -n "$compacted" ] && [ "$compacted" != 0 ] && break
-    sleep 1
-done
-[[ -n $compacted && $compacted != 0 ]] ||
-    die "kube-apiserver did not compact within $((3 * COMPACTION_INTERVAL + 30)) s of its start (compact_rev_key: '$compacted')"
+wait_compacted $((API_START + 3 * COMPACTION_INTERVAL + 30 - SECONDS)) ||
+    die "kube-apiserver did not compact within $((3 * COMPACTION_INTERVAL + 30)) s of its start (compact_rev_key: '$COMPACTED')"
+compacted=$COMPACTED
 ok "kube-apiserver compacted at revision $compacted, $((SECONDS - API_START)) s after its start"
 expect_match "reading below the compact revision is refused" "required revision has been compacted" \
     "$("${ETCDCTL[@]}" get compact_rev_key --rev=$((compacted - 1)) 2>&1)"
@@ -584,39 +396,14 @@ step "restart $BACKEND under the running kube-apiserver"
 k -n e2e-watch create configmap before-restart --from-literal=k=v >/dev/null
 watch_expect cm "configmap watch before the restart" \
     "ADDED sentinel" "ADDED w1" "MODIFIED w1" "MODIFIED w1" "DELETED w1" "ADDED before-restart"
-before_objects=$(e2e_objects)
 # e2e_keys: the store's keys of the e2e objects, with mod revision, version and lease.
 e2e_keys() {
     local p
     for p in configmaps secrets deployments namespaces; do etcd_keys "/registry/$p/"; done |
         { grep -E '^/registry/[a-z]+/e2e-' || true; }
 }
-before_keys=$(e2e_keys)
-before_rev=$(store_revision)
-if (($(wc -l <<<"$before_objects") > BULK && $(wc -l <<<"$before_keys") > BULK)); then
-    ok "snapshot before the restart: $(wc -l <<<"$before_objects") objects, $(wc -l <<<"$before_keys") keys"
-else
-    bad "snapshot before the restart has too few objects or keys"
-fi
-restart_from=$(wc -l <"$API_LOG")
-stop_pid "$STORE_PID" 20
-STORE_PID=""
-down_at=$SECONDS
-while ready && ((SECONDS < down_at + 30)); do sleep 0.5; done
-if ready; then bad "/readyz still ok 30 s after the store stopped"; else ok "/readyz fails while the store is down"; fi
-start_store
-wait_ready 90 || die "kube-apiserver not ready within 90 s of the store's restart"
-ok "/readyz ok again $((SECONDS - down_at)) s after the store stopped"
-after_rev=$(store_revision)
-if ((after_rev >= before_rev)); then
-    ok "revision kept across the restart ($before_rev -> $after_rev)"
-else
-    bad "revision went back across the restart ($before_rev -> $after_rev)"
-fi
-expect_match "the compact revision is kept" "required revision has been compacted" \
-    "$("${ETCDCTL[@]}" get compact_rev_key --rev=$((compacted - 1)) 2>&1)"
-expect_eq "no object lost or changed (kubectl)" "$before_objects" "$(e2e_objects)"
-expect_eq "no key lost or changed (etcdctl)" "$before_keys" "$(e2e_keys)"
+restart_store ready /readyz
+restart_from=$RESTART_FROM
 expect_match "the event's lease is still there" "^$event_lease_hex\$" "$("${ETCDCTL[@]}" lease list)"
 
 step "watches and writes after the restart"
