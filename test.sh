@@ -47,7 +47,7 @@ bounded() {
 rounds=${ETCDSQL_CONTENDED_ROUNDS:-10}
 cargo build --locked
 bounded 2400 cargo test --locked
-bash tests/contended.sh "$rounds" watch_guarantees
+bash tests/contended.sh "$rounds" watch_guarantees reads
 # The benchmark harness in its smoke size: proves it runs against etcd and etcdsql (no timings
 # are asserted); its tables go to a temporary folder.
 cargo test --locked --bench vs_etcd -- --smoke

@@ -46,7 +46,7 @@ use crate::backend::{
 };
 use crate::lease::ExpiryObserver;
 use crate::mvcc::types::{KeyRange, OpResponse, RangeRequest, TxnResponse};
-use crate::mvcc::{CommitObserver, Store};
+use crate::mvcc::{CommitObserver, ReadStats, Store};
 
 /// The media type of [`Metrics::encode`]'s output.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -81,6 +81,11 @@ struct QueryLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SourceLabels {
+    source: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct VersionLabels {
     server_version: String,
 }
@@ -111,6 +116,9 @@ struct Inner {
     put_total: Counter,
     delete_total: Counter,
     txn_total: Counter,
+    range_reads: Family<SourceLabels, Counter>,
+    /// The store's read counts at the last scrape, which `range_reads` has counted.
+    reads_seen: Mutex<ReadStats>,
 
     watch_streams: Gauge,
     watchers: Gauge,
@@ -334,6 +342,12 @@ impl Metrics {
             "Time spent in each backend database operation, by operation",
             sql_seconds.clone(),
         );
+        let range_reads = Family::<SourceLabels, Counter>::default();
+        r.register(
+            "etcdsql_range_reads",
+            "Range reads by where they were answered: from memory alone (source=memory), or with SQL statements (source=sql)",
+            range_reads.clone(),
+        );
         let sql_errors = Family::<QueryLabels, Counter>::default();
         r.register(
             "etcdsql_sql_errors",
@@ -396,6 +410,8 @@ impl Metrics {
                 put_total,
                 delete_total,
                 txn_total,
+                range_reads,
+                reads_seen: Mutex::new(ReadStats::default()),
                 watch_streams,
                 watchers,
                 slow_watchers,
@@ -459,6 +475,16 @@ impl Metrics {
                 m.keys_total.set(keys.value.count);
             }
             Err(e) => tracing::warn!(error = %e, "metrics: cannot read the store"),
+        }
+        let reads = store.read_stats();
+        let seen = std::mem::replace(&mut *lock(&m.reads_seen), reads);
+        for (source, now, before) in [
+            ("memory", reads.memory, seen.memory),
+            ("sql", reads.sql, seen.sql),
+        ] {
+            m.range_reads
+                .get_or_create(&SourceLabels { source })
+                .inc_by(now.saturating_sub(before));
         }
         let oldest = lock(&m.behind_since).values().min().copied();
         m.watch_behind

@@ -6,7 +6,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use common::{TestServer, current_revision};
+use common::{TestServer, current_revision, on_postgres};
 use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp, WatchOptions};
 
 /// Longest a test polls for a value that moves asynchronously (lease expiry, stream teardown).
@@ -302,6 +302,20 @@ async fn etcd_names_are_exposed_and_move_with_traffic() {
         .await
         .unwrap()
         .count();
+    // The same count at an older revision: reads of the past count rows in SQL.
+    let earlier = c
+        .get(
+            "\0",
+            Some(
+                GetOptions::new()
+                    .with_from_key()
+                    .with_count_only()
+                    .with_revision(revision - 1),
+            ),
+        )
+        .await
+        .unwrap();
+    assert!(earlier.count() >= 1);
     let after = scrape(&server).await;
     let moved = |name: &str| after.get(name, &[]) - before.get(name, &[]);
 
@@ -363,6 +377,13 @@ async fn etcd_names_are_exposed_and_move_with_traffic() {
     );
 
     // etcdsql's own.
+    let memory_reads = after.get("etcdsql_range_reads_total", &[("source", "memory")]);
+    let sql_reads = after.get("etcdsql_range_reads_total", &[("source", "sql")]);
+    assert!(sql_reads >= 1.0, "no read went to SQL");
+    if !on_postgres() {
+        // The sole writer answers count-only reads of the current revision from memory.
+        assert!(memory_reads >= 1.0, "no read came from memory");
+    }
     for query in [
         "scan",
         "count",

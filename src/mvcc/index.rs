@@ -42,7 +42,7 @@ pub(crate) struct KeyMeta {
 }
 
 impl KeyMeta {
-    fn of(row: &LogRow) -> Self {
+    pub fn of(row: &LogRow) -> Self {
         Self {
             mod_revision: row.revision,
             create_revision: row.create_revision,
@@ -61,6 +61,23 @@ impl KeyMeta {
             version: self.version,
             value,
             lease: self.lease,
+        }
+    }
+}
+
+/// The entries of `keys` inside `range`, in key order.
+pub(crate) fn range_of<'a, V>(
+    keys: &'a BTreeMap<Vec<u8>, V>,
+    range: &'a KeyRange,
+) -> Box<dyn Iterator<Item = (&'a Vec<u8>, &'a V)> + 'a> {
+    let start = Bound::Included(range.key.as_slice());
+    match &range.end {
+        RangeEnd::Single => Box::new(keys.get_key_value(range.key.as_slice()).into_iter()),
+        // `BTreeMap::range` panics on a reversed range; such a range holds nothing.
+        _ if range.is_empty() => Box::new(std::iter::empty()),
+        RangeEnd::Unbounded => Box::new(keys.range::<[u8], _>((start, Bound::Unbounded))),
+        RangeEnd::Before(end) => {
+            Box::new(keys.range::<[u8], _>((start, Bound::Excluded(end.as_slice()))))
         }
     }
 }
@@ -163,25 +180,8 @@ impl KeyIndex {
     pub fn live_range<'a>(
         &'a self,
         range: &'a KeyRange,
-    ) -> Box<dyn Iterator<Item = (&'a Vec<u8>, &'a KeyMeta)> + 'a> {
-        let start = Bound::Included(range.key.as_slice());
-        let keys = match &range.end {
-            RangeEnd::Single => {
-                return Box::new(
-                    self.keys
-                        .get_key_value(range.key.as_slice())
-                        .into_iter()
-                        .filter(|(_, meta)| !meta.deleted),
-                );
-            }
-            // `BTreeMap::range` panics on a reversed range; such a range holds nothing.
-            _ if range.is_empty() => return Box::new(std::iter::empty()),
-            RangeEnd::Unbounded => self.keys.range::<[u8], _>((start, Bound::Unbounded)),
-            RangeEnd::Before(end) => self
-                .keys
-                .range::<[u8], _>((start, Bound::Excluded(end.as_slice()))),
-        };
-        Box::new(keys.filter(|(_, meta)| !meta.deleted))
+    ) -> impl Iterator<Item = (&'a Vec<u8>, &'a KeyMeta)> + 'a {
+        range_of(&self.keys, range).filter(|(_, meta)| !meta.deleted)
     }
 
     /// Records a row written (or found written by another process) as its key's newest.

@@ -54,6 +54,14 @@
 //! A get of a single key at R is answered from the writer's recently committed rows when the
 //! key's newest row is there and at or below R ([`values`]), without SQL.
 //!
+//! A read of the current revision takes its keys and counts from the applied index
+//! ([`applied`]), which the watch hub feeds with every revision it publishes, in order. It waits
+//! until the index has reached R, then reads at the index's revision A ≥ R: A is durable and
+//! at or below the published revision, so no later read can see less. Count-only and keys-only
+//! reads need nothing else; a read with values scans SQL at A for them, and takes the count from
+//! memory instead of counting rows. Reads of older revisions, and reads on a shared database,
+//! use SQL alone.
+//!
 //! # Compaction
 //! `Compact(C)` records C as the compact revision in the writer's transaction; from then on
 //! reads and watches below C answer "compacted". A background task then deletes, in small
@@ -62,6 +70,7 @@
 //! prev_kv of a change a watch from C reports. Deleting them never changes what a read at C or
 //! later returns, so it may lag behind.
 
+mod applied;
 pub mod compare;
 mod index;
 mod txn;
@@ -76,6 +85,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::backend::{self, Backend, DbSize, LeaseRow, LogRow, RangeEnd, ReadTxn, Revisions, Scan};
+pub use applied::Applied;
 use compare::{fetch_limit, finish_range};
 use index::KeyIndex;
 use txn::{Batch, TxnExec};
@@ -90,6 +100,10 @@ const MAX_BATCH: usize = 512;
 /// Memory for the cache of recently written rows ([`values`]): enough for the
 /// objects a busy small cluster rewrites, far below what etcd keeps mapped.
 const VALUE_CACHE_BYTES: usize = 64 << 20;
+/// How long a read of the current revision waits for the applied index to reach it before it
+/// reads SQL instead. The index lags only while a publish is under way, or while the tailer
+/// catches up with a batch the hub could not take directly.
+const APPLIED_WAIT: std::time::Duration = std::time::Duration::from_millis(500);
 /// Revisions per physical-compaction transaction: small enough that the writer waits only
 /// milliseconds for one.
 const COMPACTION_CHUNK: i64 = 250;
@@ -148,14 +162,22 @@ pub(crate) fn resolve_read_revision(requested: i64, current: i64, compact: i64) 
     Ok(revision)
 }
 
-/// Reads a Range at `view` (the revision "current" means to this reader).
+/// Reads a Range at `view` (the revision "current" means to this reader). `known_count`, when
+/// given, is the number of keys the range holds at that revision (from the applied index).
 async fn read_range(
     tx: &mut dyn ReadTxn,
     req: &RangeRequest,
     view: i64,
     compact: i64,
+    known_count: Option<i64>,
 ) -> Result<RangeResponse> {
     let revision = resolve_read_revision(req.revision, view, compact)?;
+    if let (true, Some(count)) = (req.count_only, known_count) {
+        return Ok(RangeResponse {
+            count,
+            ..RangeResponse::default()
+        });
+    }
     if req.count_only {
         let count = tx.count(&req.range.key, &req.range.end, revision).await?;
         return Ok(RangeResponse {
@@ -175,6 +197,7 @@ async fn read_range(
         .await?;
     // A scan that was not cut short saw every key: its length is the count.
     let count = match limit {
+        _ if known_count.is_some() => known_count.unwrap_or_default(),
         Some(limit) if rows.len() as i64 >= limit => {
             tx.count(&req.range.key, &req.range.end, revision).await?
         }
@@ -221,6 +244,11 @@ struct Inner {
     /// The writer's recently committed rows, which answer single-key reads at the published
     /// revision without SQL; only when this process is the only writer.
     recent: Option<RecentRows>,
+    /// Every live key's metadata as of the revisions the watch hub has taken in ([`applied`]).
+    applied: Applied,
+    /// Range reads answered without SQL, and with it.
+    reads_from_memory: AtomicU64,
+    reads_from_sql: AtomicU64,
 }
 
 /// The revisions as of the last durable commit, stored before that commit's replies are sent.
@@ -236,6 +264,14 @@ impl Published {
             compact: self.compact.load(Ordering::SeqCst),
         }
     }
+}
+
+/// What a read of the current revision got from the applied index.
+enum Memory {
+    /// The whole answer, at the index's revision.
+    Answer(Revisioned<RangeResponse>),
+    /// The range's count at `revision`; the values are still to be read there.
+    Count { revision: i64, count: i64 },
 }
 
 /// Counts kept by the writer, so group commit can be observed (tests, metrics).
@@ -260,6 +296,13 @@ pub type CommitObserver = Box<dyn Fn(usize, i64) + Send + Sync>;
 /// must be quick and must not block.
 pub type ChangeSink = Box<dyn Fn(i64, i64, Vec<LogRow>) + Send + Sync>;
 
+/// How many Range reads were answered from memory alone, and how many needed SQL.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReadStats {
+    pub memory: u64,
+    pub sql: u64,
+}
+
 /// How many write requests the writer has committed, in how many database transactions.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct WriteStats {
@@ -283,8 +326,10 @@ impl Store {
             let mut snapshot = backend.read().await?;
             let start = snapshot.revisions().await?;
             let heads = snapshot.heads().await?;
-            (start, KeyIndex::load(heads, start.current))
+            let applied = Applied::load(&heads, start.current);
+            (start, (KeyIndex::load(heads, start.current), applied))
         };
+        let (index, applied) = index;
         let compact_revision = start.compact;
         let (committed_tx, committed) = watch::channel(start.current);
         let (compact_target, target_rx) = watch::channel(compact_revision);
@@ -334,8 +379,16 @@ impl Store {
                 sole_writer,
                 published,
                 recent,
+                applied,
+                reads_from_memory: AtomicU64::new(0),
+                reads_from_sql: AtomicU64::new(0),
             }),
         })
+    }
+
+    /// The applied index, for the watch hub to feed with every revision it takes in.
+    pub fn applied(&self) -> &Applied {
+        &self.inner.applied
     }
 
     /// The newest revision committed by this process's writer; changes after every commit.
@@ -353,6 +406,14 @@ impl Store {
         WriteStats {
             batches: self.inner.stats.batches.load(Ordering::Relaxed),
             requests: self.inner.stats.requests.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Range reads so far, by where they were answered from.
+    pub fn read_stats(&self) -> ReadStats {
+        ReadStats {
+            memory: self.inner.reads_from_memory.load(Ordering::Relaxed),
+            sql: self.inner.reads_from_sql.load(Ordering::Relaxed),
         }
     }
 
@@ -393,9 +454,11 @@ impl Store {
         if self.inner.sole_writer {
             return self.range_unpinned(req).await;
         }
+        self.inner.reads_from_sql.fetch_add(1, Ordering::Relaxed);
         let mut tx = self.inner.backend.read().await?;
         let revisions = tx.revisions().await?;
-        let value = read_range(tx.as_mut(), req, revisions.current, revisions.compact).await?;
+        let value =
+            read_range(tx.as_mut(), req, revisions.current, revisions.compact, None).await?;
         Ok(Revisioned {
             revision: revisions.current,
             value,
@@ -409,15 +472,41 @@ impl Store {
             let revision =
                 resolve_read_revision(req.revision, revisions.current, revisions.compact)?;
             if let Some(value) = self.recent_row(req, revision, revisions.current) {
+                self.inner.reads_from_memory.fetch_add(1, Ordering::Relaxed);
                 return Ok(Revisioned {
                     revision: revisions.current,
                     value,
                 });
             }
+            // A read of the current revision takes its keys and counts from memory, at the
+            // applied index's revision: at or after this one, and durable.
+            let mut view = revisions.current;
+            let mut known_count = None;
+            if req.revision <= 0
+                && self.inner.applied.serving()
+                && self
+                    .inner
+                    .applied
+                    .reached(revisions.current, APPLIED_WAIT)
+                    .await
+            {
+                match self.range_from_memory(req) {
+                    Memory::Answer(revisioned) => {
+                        self.inner.reads_from_memory.fetch_add(1, Ordering::Relaxed);
+                        return Ok(revisioned);
+                    }
+                    Memory::Count { revision, count } => {
+                        view = revision;
+                        known_count = Some(count);
+                    }
+                }
+            }
+            self.inner.reads_from_sql.fetch_add(1, Ordering::Relaxed);
             let mut tx = self.inner.backend.read_unpinned().await?;
-            let value = read_range(tx.as_mut(), req, revisions.current, revisions.compact).await?;
+            let value = read_range(tx.as_mut(), req, view, revisions.compact, known_count).await?;
             drop(tx);
-            if self.inner.published.compact.load(Ordering::SeqCst) > revision {
+            let read_at = if req.revision > 0 { revision } else { view };
+            if self.inner.published.compact.load(Ordering::SeqCst) > read_at {
                 // Compacted while being read: some rows may have been missing. A read of the
                 // current revision just tries again at the new one.
                 if req.revision > 0 {
@@ -426,10 +515,41 @@ impl Store {
                 continue;
             }
             return Ok(Revisioned {
-                revision: revisions.current,
+                revision: view,
                 value,
             });
         }
+    }
+
+    /// What the applied index answers of a read of the current revision: all of it when no
+    /// value is needed, else the count and the revision at which SQL must read the values.
+    fn range_from_memory(&self, req: &RangeRequest) -> Memory {
+        let view = self.inner.applied.view();
+        let revision = view.revision();
+        let answer = |value| Memory::Answer(Revisioned { revision, value });
+        if req.count_only {
+            return answer(RangeResponse {
+                count: view.count(&req.range),
+                ..RangeResponse::default()
+            });
+        }
+        let by_value = matches!(req.sort, Some((types::SortTarget::Value, _)));
+        if !req.keys_only || by_value {
+            return Memory::Count {
+                revision,
+                count: view.count(&req.range),
+            };
+        }
+        let take = fetch_limit(req).map_or(usize::MAX, |limit| limit as usize);
+        let mut count = 0;
+        let mut kvs = Vec::new();
+        for (key, meta) in view.range(&req.range) {
+            count += 1;
+            if kvs.len() < take {
+                kvs.push(meta.to_kv(key, Vec::new()));
+            }
+        }
+        answer(finish_range(req, kvs, count))
     }
 
     /// A single-key read at the current revision, answered from the writer's recently committed

@@ -29,6 +29,10 @@
 //!   watchers from the index and raises its lag signal instead of waiting; the stream finishes
 //!   the batches it has, then catches up from the log and joins again. Memory per stream is
 //!   therefore bounded by its queue (shared, reference-counted batches) plus one catch-up chunk.
+//! - **One applied stream.** The store's applied index ([`mvcc::Applied`]) takes in each batch
+//!   in the same publish, under the registry lock, after the H check: reads served from memory
+//!   and watches see the same revisions in the same order, and the index is at H whenever the
+//!   lock is free.
 //! - **Routing.** Single-key watchers are found by hash lookup; range watchers through a
 //!   B-tree ordered by range start, so an event is tested only against ranges that start at or
 //!   before its key, never against every watcher.
@@ -130,6 +134,9 @@ struct HubInner {
     delivered: watch::Sender<i64>,
     next_stream: AtomicU64,
     backend: Arc<dyn Backend>,
+    /// The store's applied index, which takes in each batch as it is published, under the
+    /// registry lock (so in the hub's order); `None` for a hub that does not feed it.
+    applied: Option<mvcc::Applied>,
     /// Runs once at the end of the next publish, after the registry lock is released: lets a
     /// test stop one publisher there while another publishes.
     #[cfg(test)]
@@ -232,14 +239,31 @@ impl Hub {
         tasks: &TaskTracker,
         shutdown: CancellationToken,
     ) -> mvcc::Result<Self> {
-        let start = store.revisions().await?.current;
-        let hub = Hub::new(store.backend().clone(), start);
+        // The hub and the store's applied index take in the same revisions, from the same
+        // start: the index's.
+        let applied = store.applied().clone();
+        let hub = Hub::new(
+            store.backend().clone(),
+            applied.revision(),
+            Some(applied.clone()),
+        );
         let direct = hub.clone();
-        // A store serves one hub; should a second one start, it relies on its tailer alone.
-        store.feed_changes(Box::new(move |after, through, rows| {
+        // A store serves one hub; should a second one start, it relies on its tailer alone
+        // and leaves the applied index to the first.
+        let first = store.feed_changes(Box::new(move |after, through, rows| {
             let events = rows.into_iter().map(Event::from_row).collect();
             direct.publish(after, through, events);
         }));
+        let hub = if first {
+            applied.feed();
+            hub
+        } else {
+            Hub::new(
+                store.backend().clone(),
+                store.revisions().await?.current,
+                None,
+            )
+        };
         tasks.spawn(run_tailer(
             hub.clone(),
             store.clone(),
@@ -251,8 +275,9 @@ impl Hub {
         Ok(hub)
     }
 
-    /// A hub that has delivered everything up to `start`, with no tailer.
-    fn new(backend: Arc<dyn Backend>, start: i64) -> Self {
+    /// A hub that has delivered everything up to `start`, with no tailer; it feeds `applied`,
+    /// which must be at `start` too.
+    fn new(backend: Arc<dyn Backend>, start: i64, applied: Option<mvcc::Applied>) -> Self {
         let (delivered, _) = watch::channel(start);
         Hub {
             inner: Arc::new(HubInner {
@@ -264,6 +289,7 @@ impl Hub {
                 delivered,
                 next_stream: AtomicU64::new(0),
                 backend,
+                applied,
                 #[cfg(test)]
                 pause_after_publish: Mutex::new(None),
             }),
@@ -332,6 +358,16 @@ impl Hub {
         let mut registry = self.registry();
         if registry.delivered != after {
             return false;
+        }
+        if let Some(applied) = &self.inner.applied {
+            // Never refused: the index takes in exactly what the hub publishes.
+            applied.apply(
+                after,
+                through,
+                events
+                    .iter()
+                    .map(|event| (&event.kv, event.kind == EventKind::Delete)),
+            );
         }
         let batch = Arc::new(Batch { through, events });
         let mut interested = HashSet::new();
@@ -602,7 +638,7 @@ mod tests {
         let backend = crate::backend::open(&endpoint, &Default::default())
             .await
             .unwrap();
-        Hub::new(backend, 1)
+        Hub::new(backend, 1, None)
     }
 
     #[tokio::test]

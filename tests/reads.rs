@@ -1,0 +1,197 @@
+//! Reads of the current revision, which a sole writer (SQLite) serves from its applied index in
+//! memory, against the same reads made at the revision they reported, which take the SQL path:
+//! both must answer alike, while puts, deletes, expiring leases and compaction run beside them.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use common::{TestServer, fields, on_postgres, status};
+use etcd_client::{
+    Client, CompactionOptions, DeleteOptions, GetOptions, GetResponse, PutOptions, SortOrder,
+    SortTarget,
+};
+use rand::{Rng, SeedableRng};
+use tonic::Code;
+
+const KEYS: usize = 40;
+const WRITERS: u64 = 3;
+const OPS_PER_WRITER: usize = 1000;
+
+fn key(i: usize) -> String {
+    format!("d/{i:03}")
+}
+
+/// The reads compared: each shape a Range can take that the memory path answers differently.
+fn shapes() -> Vec<(&'static str, String, GetOptions)> {
+    let prefix = || GetOptions::new().with_prefix();
+    vec![
+        ("prefix", "d/".into(), prefix()),
+        ("prefix, keys only", "d/".into(), prefix().with_keys_only()),
+        (
+            "prefix, count only",
+            "d/".into(),
+            prefix().with_count_only(),
+        ),
+        ("prefix, limit 7", "d/".into(), prefix().with_limit(7)),
+        (
+            "prefix, keys only, limit 5",
+            "d/".into(),
+            prefix().with_keys_only().with_limit(5),
+        ),
+        (
+            "keys only, newest first, limit 4",
+            "d/".into(),
+            prefix()
+                .with_keys_only()
+                .with_sort(SortTarget::Mod, SortOrder::Descend)
+                .with_limit(4),
+        ),
+        (
+            "range, keys only, created after revision 50",
+            key(10),
+            GetOptions::new()
+                .with_range(key(30))
+                .with_keys_only()
+                .with_min_create_revision(50),
+        ),
+        ("one key", key(7), GetOptions::new()),
+        (
+            "one key, keys only",
+            key(8),
+            GetOptions::new().with_keys_only(),
+        ),
+        ("a missing key", "zz".into(), GetOptions::new()),
+        ("every key", "\0".into(), GetOptions::new().with_from_key()),
+    ]
+}
+
+fn summary(r: &GetResponse) -> (Vec<common::Fields>, i64, bool) {
+    (fields(r.kvs()), r.count(), r.more())
+}
+
+async fn write(mut c: Client, seed: u64, stop: Arc<AtomicBool>) {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    for step in 0..OPS_PER_WRITER {
+        if stop.load(Ordering::Relaxed) {
+            return;
+        }
+        let k = key(rng.random_range(0..KEYS));
+        let value = format!("{seed}/{step}");
+        match rng.random_range(0..20) {
+            0..=11 => {
+                c.put(k, value, None).await.unwrap();
+            }
+            12..=13 => {
+                // Expires within a second or two: its keys go away by revocation.
+                let lease = c.lease_grant(1, None).await.unwrap().id();
+                c.put(k, value, Some(PutOptions::new().with_lease(lease)))
+                    .await
+                    .unwrap();
+            }
+            14..=17 => {
+                c.delete(k, None).await.unwrap();
+            }
+            _ => {
+                let start = rng.random_range(0..KEYS - 3);
+                c.delete(
+                    key(start),
+                    Some(DeleteOptions::new().with_range(key(start + 3))),
+                )
+                .await
+                .unwrap();
+            }
+        }
+    }
+}
+
+async fn compact(mut c: Client, stop: Arc<AtomicBool>) {
+    while !stop.load(Ordering::Relaxed) {
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        let current = common::current_revision(&mut c).await;
+        if current > 20 {
+            c.compact(current - 20, Some(CompactionOptions::new().with_physical()))
+                .await
+                .unwrap();
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn reads_of_the_current_revision_equal_reads_at_their_revision() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(dir.path()).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut writers = Vec::new();
+    for seed in 0..WRITERS {
+        writers.push(tokio::spawn(write(
+            server.client().await,
+            seed,
+            stop.clone(),
+        )));
+    }
+    let compactor = tokio::spawn(compact(server.client().await, stop.clone()));
+
+    let mut c = server.client().await;
+    let (mut compared, mut compacted) = (0, 0);
+    while writers.iter().any(|w| !w.is_finished()) {
+        for (what, k, options) in shapes() {
+            let now = c.get(k.as_str(), Some(options.clone())).await.unwrap();
+            let revision = now.header().expect("a header").revision();
+            let then = match c
+                .get(k.as_str(), Some(options.with_revision(revision)))
+                .await
+            {
+                Ok(then) => then,
+                Err(e) => {
+                    let status = status(e);
+                    // Compacted past it meanwhile: nothing to compare.
+                    assert_eq!(
+                        status.code(),
+                        Code::OutOfRange,
+                        "{what} at {revision}: {status}"
+                    );
+                    compacted += 1;
+                    continue;
+                }
+            };
+            assert_eq!(
+                summary(&now),
+                summary(&then),
+                "{what}: the current revision ({revision}) and a read at it differ"
+            );
+            compared += 1;
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    for w in writers {
+        w.await.unwrap();
+    }
+    compactor.await.unwrap();
+    assert!(
+        compared > 10 * shapes().len(),
+        "too few reads compared ({compared}; {compacted} compacted meanwhile)"
+    );
+
+    if !on_postgres() {
+        // The sole writer serves these from memory: the comparison above was not SQL to SQL.
+        let text = reqwest::get(format!("{}/metrics", server.url()))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let memory: f64 = text
+            .lines()
+            .find_map(|l| l.strip_prefix("etcdsql_range_reads_total{source=\"memory\"} "))
+            .and_then(|v| v.trim().parse().ok())
+            .expect("etcdsql_range_reads_total{source=\"memory\"} in /metrics");
+        assert!(
+            memory >= compared as f64 / 2.0,
+            "only {memory} reads came from memory of {compared} compared"
+        );
+    }
+    server.stop().await;
+}
