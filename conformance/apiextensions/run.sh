@@ -222,16 +222,19 @@ startup_to=$(wc -l <"$API_LOG")
 curl_api /version >/dev/null
 expect_match "it is Kubernetes 1.36" '^v1\.36\.' "$(json 'd["gitVersion"]' <"$WORK/body")"
 
-step "a CustomResourceDefinition"
-expect_api "the CRD is created" 201 POST /apis/apiextensions.k8s.io/v1/customresourcedefinitions \
-    application/yaml "$(cat <<EOF
+step "CustomResourceDefinitions"
+# crd PLURAL KIND SCOPE: creates a CRD of the group and waits until it is Established and served.
+crd() {
+    local name=$1.$GROUP path deadline
+    expect_api "the CRD $name is created" 201 POST /apis/apiextensions.k8s.io/v1/customresourcedefinitions \
+        application/yaml "$(cat <<EOF
 apiVersion: apiextensions.k8s.io/v1
 kind: CustomResourceDefinition
-metadata: {name: widgets.$GROUP}
+metadata: {name: $name}
 spec:
   group: $GROUP
-  scope: Namespaced
-  names: {plural: widgets, singular: widget, kind: Widget, listKind: WidgetList}
+  scope: $3
+  names: {plural: $1, singular: ${2,,}, kind: $2, listKind: ${2}List}
   versions:
   - name: v1
     served: true
@@ -252,21 +255,35 @@ spec:
               phase: {type: string}
 EOF
 )"
-deadline=$((SECONDS + 60))
-until [ "$(curl_api "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/widgets.$GROUP")" = 200 ] &&
-    [ "$(json '[c["status"] for c in d.get("status", {}).get("conditions", []) if c["type"] == "Established"]' <"$WORK/body")" = "['True']" ]; do
-    ((SECONDS < deadline)) || die "the CRD was not Established within 60 s"
-    sleep 0.5
+    deadline=$((SECONDS + 60))
+    until [ "$(curl_api "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/$name")" = 200 ] &&
+        [ "$(json '[c["status"] for c in d.get("status", {}).get("conditions", []) if c["type"] == "Established"]' <"$WORK/body")" = "['True']" ]; do
+        ((SECONDS < deadline)) || die "the CRD $name was not Established within 60 s"
+        sleep 0.5
+    done
+    ok "the CRD $name is Established"
+    path=/apis/$GROUP/v1/$1
+    [ "$3" = Cluster ] || path=$W/e2e-a/$1
+    deadline=$((SECONDS + 30))
+    until [ "$(curl_api "$path")" = 200 ]; do
+        ((SECONDS < deadline)) || die "$1 not served within 30 s of the CRD: $(head -c 300 "$WORK/body")"
+        sleep 0.5
+    done
+    ok "$1 are served"
+}
+crd widgets Widget Namespaced
+crd gadgets Gadget Cluster
+expect_eq "the CRDs are stored under the server's prefix" \
+    "$(printf '%s\n' "$PREFIX/apiextensions.k8s.io/customresourcedefinitions/gadgets.$GROUP" "$PREFIX/apiextensions.k8s.io/customresourcedefinitions/widgets.$GROUP")" \
+    "$(etcd_keys "$PREFIX/apiextensions.k8s.io/customresourcedefinitions/" | cut -d' ' -f1)"
+for g in g1 g2 g3; do
+    expect_api "cluster-scoped gadget $g is created" 201 POST "/apis/$GROUP/v1/gadgets" "$JSON" \
+        "{\"apiVersion\":\"$GROUP/v1\",\"kind\":\"Gadget\",\"metadata\":{\"name\":\"$g\"},\"spec\":{\"size\":1}}"
 done
-ok "the CRD is Established"
-deadline=$((SECONDS + 30))
-until [ "$(curl_api "$W/e2e-a/widgets")" = 200 ]; do
-    ((SECONDS < deadline)) || die "widgets not served within 30 s of the CRD: $(head -c 300 "$WORK/body")"
-    sleep 0.5
-done
-ok "widgets are served"
-expect_match "the CRD is stored under the server's prefix" "^$PREFIX/apiextensions.k8s.io/customresourcedefinitions/widgets.$GROUP [0-9]+ [0-9]+ 0$" \
-    "$(etcd_keys "$PREFIX/apiextensions.k8s.io/customresourcedefinitions/")"
+curl_api "/apis/$GROUP/v1/gadgets" >/dev/null
+expect_eq "the gadgets are listed" "g1 g2 g3" "$(json '" ".join(i["metadata"]["name"] for i in d["items"])' <"$WORK/body")"
+expect_eq "... and stored without a namespace in their keys" \
+    "$(printf "$PREFIX/$GROUP/gadgets/%s\n" g1 g2 g3)" "$(etcd_keys "$PREFIX/$GROUP/gadgets/" | cut -d' ' -f1)"
 code=$(api POST "$W/e2e-a/widgets" "$JSON" "$(widget e2e-a invalid -1)")
 expect_eq "a widget that breaks the schema is 422 Invalid" "422 Invalid" "$code $(json 'd["reason"]' <"$WORK/body")"
 
