@@ -81,7 +81,7 @@ if psql "$postgres/postgres" -Atqc 'SELECT 1' >/dev/null 2>&1; then
     export ETCDSQL_TEST_BACKEND=postgres ETCDSQL_TEST_OUTAGE=$outage ETCDSQL_TEST_POSTGRES="$postgres"
     bounded 2400 cargo test --locked
     # The guarantee checker runs over three instances here.
-    contended=(watch_guarantees multi_instance)
+    contended=(watch_guarantees multi_instance reads)
     if [ "$outage" = 1 ]; then contended+=(pg_outage); fi
     bash tests/contended.sh "$rounds" "${contended[@]}"
     unset ETCDSQL_TEST_BACKEND ETCDSQL_TEST_OUTAGE ETCDSQL_TEST_POSTGRES

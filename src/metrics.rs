@@ -1051,6 +1051,10 @@ impl Backend for InstrumentedBackend {
         }))
     }
 
+    async fn revisions(&self) -> backend::Result<Revisions> {
+        timed(&self.metrics, "revisions", self.inner.revisions()).await
+    }
+
     fn sole_writer(&self) -> bool {
         self.inner.sole_writer()
     }

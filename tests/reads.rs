@@ -1,6 +1,7 @@
-//! Reads of the current revision, which a sole writer (SQLite) serves from its applied index in
-//! memory, against the same reads made at the revision they reported, which take the SQL path:
-//! both must answer alike, while puts, deletes, expiring leases and compaction run beside them.
+//! Reads of the current revision, which the server takes from its applied index in memory (all
+//! of them on SQLite, those that need no value on PostgreSQL), against the same reads made at
+//! the revision they reported, which take the SQL path: both must answer alike, while puts,
+//! deletes, expiring leases and compaction run beside them.
 
 mod common;
 
@@ -8,7 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use common::{TestServer, fields, on_postgres, status};
+use common::{TestServer, fields, status};
 use etcd_client::{
     Client, CompactionOptions, DeleteOptions, GetOptions, GetResponse, PutOptions, SortOrder,
     SortTarget,
@@ -108,13 +109,17 @@ async fn write(mut c: Client, seed: u64, stop: Arc<AtomicBool>) {
 }
 
 async fn compact(mut c: Client, stop: Arc<AtomicBool>) {
+    let mut compacted = 0;
     while !stop.load(Ordering::Relaxed) {
         tokio::time::sleep(Duration::from_millis(150)).await;
-        let current = common::current_revision(&mut c).await;
-        if current > 20 {
-            c.compact(current - 20, Some(CompactionOptions::new().with_physical()))
+        // Twenty revisions behind, and only forward (compacting again to the same revision is
+        // refused, as by etcd): on a busy machine the writers may have moved less meanwhile.
+        let target = common::current_revision(&mut c).await - 20;
+        if target > compacted {
+            c.compact(target, Some(CompactionOptions::new().with_physical()))
                 .await
                 .unwrap();
+            compacted = target;
         }
     }
 }
@@ -175,8 +180,9 @@ async fn reads_of_the_current_revision_equal_reads_at_their_revision() {
         "too few reads compared ({compared}; {compacted} compacted meanwhile)"
     );
 
-    if !on_postgres() {
-        // The sole writer serves these from memory: the comparison above was not SQL to SQL.
+    {
+        // Reads of the current revision come from memory (on PostgreSQL those that need no
+        // value): the comparison above was not SQL against SQL.
         let text = reqwest::get(format!("{}/metrics", server.url()))
             .await
             .unwrap()
@@ -189,7 +195,7 @@ async fn reads_of_the_current_revision_equal_reads_at_their_revision() {
             .and_then(|v| v.trim().parse().ok())
             .expect("etcdsql_range_reads_total{source=\"memory\"} in /metrics");
         assert!(
-            memory >= compared as f64 / 2.0,
+            memory >= compared as f64 / 4.0,
             "only {memory} reads came from memory of {compared} compared"
         );
     }

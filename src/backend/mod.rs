@@ -126,6 +126,11 @@ pub trait Backend: Send + Sync + 'static {
     async fn read_unpinned(&self) -> Result<Box<dyn ReadTxn>> {
         self.read().await
     }
+    /// The current and compact revisions as of the newest commit, in one round trip where the
+    /// backend can answer outside a transaction.
+    async fn revisions(&self) -> Result<Revisions> {
+        self.read().await?.revisions().await
+    }
     /// Whether this process is the database's only writer, so that what its own writer
     /// committed is exactly the database's state (SQLite: one process owns the file).
     fn sole_writer(&self) -> bool {

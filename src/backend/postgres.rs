@@ -355,6 +355,11 @@ impl Backend for PostgresBackend {
         Ok(Box::new(PgTxn(tx)))
     }
 
+    /// One statement outside a transaction: it sees every commit made before it began.
+    async fn revisions(&self) -> Result<Revisions> {
+        meta_revisions(&self.pool).await
+    }
+
     async fn write(&self) -> Result<Box<dyn WriteTxn>> {
         let mut tx = self.pool.begin().await?;
         sqlx::query("SELECT pg_advisory_xact_lock($1)")
@@ -440,6 +445,26 @@ impl Backend for PostgresBackend {
 
 struct PgTxn(Transaction<'static, Postgres>);
 
+/// The current and compact revisions, as `executor` sees them.
+async fn meta_revisions<'e>(executor: impl sqlx::PgExecutor<'e>) -> Result<Revisions> {
+    let rows: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT name, value FROM meta WHERE name IN ('current_revision', 'compact_revision')",
+    )
+    .fetch_all(executor)
+    .await?;
+    let mut revisions = Revisions {
+        current: 1,
+        compact: 0,
+    };
+    for (name, value) in rows {
+        match name.as_str() {
+            "current_revision" => revisions.current = value,
+            _ => revisions.compact = value,
+        }
+    }
+    Ok(revisions)
+}
+
 impl PgTxn {
     async fn set_meta(&mut self, name: &str, value: i64) -> Result<()> {
         sqlx::query("UPDATE meta SET value = $1 WHERE name = $2")
@@ -454,22 +479,7 @@ impl PgTxn {
 #[async_trait]
 impl ReadTxn for PgTxn {
     async fn revisions(&mut self) -> Result<Revisions> {
-        let rows: Vec<(String, i64)> = sqlx::query_as(
-            "SELECT name, value FROM meta WHERE name IN ('current_revision', 'compact_revision')",
-        )
-        .fetch_all(&mut *self.0)
-        .await?;
-        let mut revisions = Revisions {
-            current: 1,
-            compact: 0,
-        };
-        for (name, value) in rows {
-            match name.as_str() {
-                "current_revision" => revisions.current = value,
-                _ => revisions.compact = value,
-            }
-        }
-        Ok(revisions)
+        meta_revisions(&mut *self.0).await
     }
 
     async fn scan(&mut self, scan: &Scan<'_>) -> Result<Vec<LogRow>> {

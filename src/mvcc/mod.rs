@@ -59,8 +59,10 @@
 //! until the index has reached R, then reads at the index's revision A ≥ R: A is durable and
 //! at or below the published revision, so no later read can see less. Count-only and keys-only
 //! reads need nothing else; a read with values scans SQL at A for them, and takes the count from
-//! memory instead of counting rows. Reads of older revisions, and reads on a shared database,
-//! use SQL alone.
+//! memory instead of counting rows. On a shared database (PostgreSQL) the index answers the
+//! reads that need no value: a read first learns the cluster's current revision with one round
+//! trip that concurrent reads share ([`probe`]), then waits for the index to reach it. Reads of
+//! older revisions, and on a shared database reads with values, use SQL alone.
 //!
 //! # Compaction
 //! `Compact(C)` records C as the compact revision in the writer's transaction; from then on
@@ -73,6 +75,7 @@
 mod applied;
 pub mod compare;
 mod index;
+mod probe;
 mod txn;
 pub mod types;
 mod values;
@@ -88,6 +91,7 @@ use crate::backend::{self, Backend, DbSize, LeaseRow, LogRow, RangeEnd, ReadTxn,
 pub use applied::Applied;
 use compare::{fetch_limit, finish_range};
 use index::KeyIndex;
+use probe::RevisionProbe;
 use txn::{Batch, TxnExec};
 use types::{
     DeleteRequest, DeleteResponse, KeyValue, LeaseOp, LeaseOutcome, Op, OpResponse, PutRequest,
@@ -246,6 +250,11 @@ struct Inner {
     recent: Option<RecentRows>,
     /// Every live key's metadata as of the revisions the watch hub has taken in ([`applied`]).
     applied: Applied,
+    /// Where the database is shared: the round trips that tell reads the cluster's revision.
+    probe: RevisionProbe,
+    /// The newest revision a read waits for the applied index to reach, so that the watch hub's
+    /// tailer reads the log at once instead of at its next wake-up.
+    catch_up: watch::Sender<i64>,
     /// Range reads answered without SQL, and with it.
     reads_from_memory: AtomicU64,
     reads_from_sql: AtomicU64,
@@ -264,6 +273,12 @@ impl Published {
             compact: self.compact.load(Ordering::SeqCst),
         }
     }
+}
+
+/// Whether the applied index alone can answer `req`: it reads no value (sorting by value reads
+/// them all).
+fn needs_no_values(req: &RangeRequest) -> bool {
+    req.count_only || (req.keys_only && !matches!(req.sort, Some((types::SortTarget::Value, _))))
 }
 
 /// What a read of the current revision got from the applied index.
@@ -380,6 +395,8 @@ impl Store {
                 published,
                 recent,
                 applied,
+                probe: RevisionProbe::new(),
+                catch_up: watch::channel(start.current).0,
                 reads_from_memory: AtomicU64::new(0),
                 reads_from_sql: AtomicU64::new(0),
             }),
@@ -389,6 +406,12 @@ impl Store {
     /// The applied index, for the watch hub to feed with every revision it takes in.
     pub fn applied(&self) -> &Applied {
         &self.inner.applied
+    }
+
+    /// Revisions that reads wait for the applied index to reach: the watch hub's tailer should
+    /// read the log up to them now.
+    pub fn catch_up_requests(&self) -> watch::Receiver<i64> {
+        self.inner.catch_up.subscribe()
     }
 
     /// The newest revision committed by this process's writer; changes after every commit.
@@ -453,6 +476,26 @@ impl Store {
     pub async fn range(&self, req: &RangeRequest) -> Result<Revisioned<RangeResponse>> {
         if self.inner.sole_writer {
             return self.range_unpinned(req).await;
+        }
+        if req.revision <= 0 && needs_no_values(req) && self.inner.applied.serving() {
+            // One shared round trip for the cluster's revision; the rest comes from memory.
+            let current = self
+                .inner
+                .probe
+                .revisions(&self.inner.backend)
+                .await?
+                .current;
+            self.inner.catch_up.send_if_modified(|wanted| {
+                let further = current > *wanted;
+                *wanted = (*wanted).max(current);
+                further
+            });
+            if self.inner.applied.reached(current, APPLIED_WAIT).await
+                && let Memory::Answer(revisioned) = self.range_from_memory(req)
+            {
+                self.inner.reads_from_memory.fetch_add(1, Ordering::Relaxed);
+                return Ok(revisioned);
+            }
         }
         self.inner.reads_from_sql.fetch_add(1, Ordering::Relaxed);
         let mut tx = self.inner.backend.read().await?;
@@ -533,8 +576,7 @@ impl Store {
                 ..RangeResponse::default()
             });
         }
-        let by_value = matches!(req.sort, Some((types::SortTarget::Value, _)));
-        if !req.keys_only || by_value {
+        if !needs_no_values(req) {
             return Memory::Count {
                 revision,
                 count: view.count(&req.range),

@@ -267,8 +267,11 @@ impl Hub {
         tasks.spawn(run_tailer(
             hub.clone(),
             store.clone(),
-            store.committed(),
-            store.backend().commit_notifications(),
+            Wakeups {
+                commits: store.committed(),
+                remote_commits: store.backend().commit_notifications(),
+                reads: store.catch_up_requests(),
+            },
             poll_interval,
             shutdown,
         ));
@@ -503,14 +506,28 @@ impl Drop for Subscription {
 }
 
 /// Follows the log: after each local commit at once, and every `poll_interval` regardless.
+/// What wakes the tailer besides its poll interval.
+struct Wakeups {
+    /// This process's commits.
+    commits: watch::Receiver<i64>,
+    /// Other processes' commits, where the database can push them.
+    remote_commits: Option<watch::Receiver<i64>>,
+    /// Reads waiting for the applied index to reach a revision.
+    reads: watch::Receiver<i64>,
+}
+
 async fn run_tailer(
     hub: Hub,
     store: Store,
-    mut commits: watch::Receiver<i64>,
-    mut remote_commits: Option<watch::Receiver<i64>>,
+    wakeups: Wakeups,
     poll_interval: Duration,
     shutdown: CancellationToken,
 ) {
+    let Wakeups {
+        mut commits,
+        mut remote_commits,
+        mut reads,
+    } = wakeups;
     let mut retry = Duration::from_millis(50);
     loop {
         match tail_once(&hub, &store).await {
@@ -539,6 +556,7 @@ async fn run_tailer(
         };
         tokio::select! {
             changed = commits.changed() => if changed.is_err() { return },
+            changed = reads.changed() => if changed.is_err() { return },
             () = remote => {}
             () = tokio::time::sleep(poll_interval) => {}
             () = shutdown.cancelled() => return,
