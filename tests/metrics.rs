@@ -302,7 +302,7 @@ async fn etcd_names_are_exposed_and_move_with_traffic() {
         .await
         .unwrap()
         .count();
-    // The same count at an older revision: reads of the past count rows in SQL.
+    // The same count and keys at an older revision: reads of the past count and scan rows in SQL.
     let earlier = c
         .get(
             "\0",
@@ -316,6 +316,18 @@ async fn etcd_names_are_exposed_and_move_with_traffic() {
         .await
         .unwrap();
     assert!(earlier.count() >= 1);
+    let earlier_keys = c
+        .get(
+            "\0",
+            Some(
+                GetOptions::new()
+                    .with_from_key()
+                    .with_revision(revision - 1),
+            ),
+        )
+        .await
+        .unwrap();
+    assert_eq!(earlier_keys.count(), earlier.count());
     let after = scrape(&server).await;
     let moved = |name: &str| after.get(name, &[]) - before.get(name, &[]);
 

@@ -137,6 +137,9 @@ impl Applied {
 
     /// Waits until the index has reached `revision`; `false` if `timeout` passed first.
     pub(crate) async fn reached(&self, revision: i64, timeout: std::time::Duration) -> bool {
+        if self.revision() >= revision {
+            return true;
+        }
         let mut rx = self.inner.revision.subscribe();
         matches!(
             tokio::time::timeout(timeout, rx.wait_for(|at| *at >= revision)).await,

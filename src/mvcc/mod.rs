@@ -576,6 +576,10 @@ impl Store {
                 ..RangeResponse::default()
             });
         }
+        if req.range.end == RangeEnd::Single && view.count(&req.range) == 0 {
+            // A key that does not exist needs no value either.
+            return answer(finish_range(req, Vec::new(), 0));
+        }
         if !needs_no_values(req) {
             return Memory::Count {
                 revision,
