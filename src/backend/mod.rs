@@ -82,6 +82,27 @@ pub struct Revisions {
     pub compact: i64,
 }
 
+/// The statement both backends read their revision counters with (their `meta` table).
+const META_REVISIONS: &str =
+    "SELECT name, value FROM meta WHERE name IN ('current_revision', 'compact_revision')";
+
+impl Revisions {
+    /// The counters from the rows of [`META_REVISIONS`]; a new store has none yet.
+    fn from_meta(rows: Vec<(String, i64)>) -> Self {
+        let mut revisions = Revisions {
+            current: 1,
+            compact: 0,
+        };
+        for (name, value) in rows {
+            match name.as_str() {
+                "current_revision" => revisions.current = value,
+                _ => revisions.compact = value,
+            }
+        }
+        revisions
+    }
+}
+
 /// Sizes reported by Maintenance.Status.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DbSize {

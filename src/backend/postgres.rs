@@ -447,22 +447,10 @@ struct PgTxn(Transaction<'static, Postgres>);
 
 /// The current and compact revisions, as `executor` sees them.
 async fn meta_revisions<'e>(executor: impl sqlx::PgExecutor<'e>) -> Result<Revisions> {
-    let rows: Vec<(String, i64)> = sqlx::query_as(
-        "SELECT name, value FROM meta WHERE name IN ('current_revision', 'compact_revision')",
-    )
-    .fetch_all(executor)
-    .await?;
-    let mut revisions = Revisions {
-        current: 1,
-        compact: 0,
-    };
-    for (name, value) in rows {
-        match name.as_str() {
-            "current_revision" => revisions.current = value,
-            _ => revisions.compact = value,
-        }
-    }
-    Ok(revisions)
+    let rows = sqlx::query_as(super::META_REVISIONS)
+        .fetch_all(executor)
+        .await?;
+    Ok(Revisions::from_meta(rows))
 }
 
 impl PgTxn {

@@ -618,22 +618,10 @@ fn end_key(end: &RangeEnd) -> &[u8] {
 #[async_trait]
 impl ReadTxn for SqliteTxn {
     async fn revisions(&mut self) -> Result<Revisions> {
-        let rows: Vec<(String, i64)> = sqlx::query_as(
-            "SELECT name, value FROM meta WHERE name IN ('current_revision', 'compact_revision')",
-        )
-        .fetch_all(self.ready().await?)
-        .await?;
-        let mut revisions = Revisions {
-            current: 1,
-            compact: 0,
-        };
-        for (name, value) in rows {
-            match name.as_str() {
-                "current_revision" => revisions.current = value,
-                _ => revisions.compact = value,
-            }
-        }
-        Ok(revisions)
+        let rows = sqlx::query_as(super::META_REVISIONS)
+            .fetch_all(self.ready().await?)
+            .await?;
+        Ok(Revisions::from_meta(rows))
     }
 
     async fn scan(&mut self, scan: &Scan<'_>) -> Result<Vec<LogRow>> {
