@@ -176,14 +176,11 @@ async fn read_range(
     known_count: Option<i64>,
 ) -> Result<RangeResponse> {
     let revision = resolve_read_revision(req.revision, view, compact)?;
-    if let (true, Some(count)) = (req.count_only, known_count) {
-        return Ok(RangeResponse {
-            count,
-            ..RangeResponse::default()
-        });
-    }
     if req.count_only {
-        let count = tx.count(&req.range.key, &req.range.end, revision).await?;
+        let count = match known_count {
+            Some(count) => count,
+            None => tx.count(&req.range.key, &req.range.end, revision).await?,
+        };
         return Ok(RangeResponse {
             count,
             ..RangeResponse::default()
@@ -200,9 +197,9 @@ async fn read_range(
         })
         .await?;
     // A scan that was not cut short saw every key: its length is the count.
-    let count = match limit {
-        _ if known_count.is_some() => known_count.unwrap_or_default(),
-        Some(limit) if rows.len() as i64 >= limit => {
+    let count = match (known_count, limit) {
+        (Some(count), _) => count,
+        (None, Some(limit)) if rows.len() as i64 >= limit => {
             tx.count(&req.range.key, &req.range.end, revision).await?
         }
         _ => rows.len() as i64,
@@ -337,14 +334,13 @@ impl Store {
         shutdown: CancellationToken,
     ) -> Result<Self> {
         let (writes, queue) = mpsc::channel(4 * MAX_BATCH);
-        let (start, index) = {
+        let (start, index, applied) = {
             let mut snapshot = backend.read().await?;
             let start = snapshot.revisions().await?;
             let heads = snapshot.heads().await?;
             let applied = Applied::load(&heads, start.current);
-            (start, (KeyIndex::load(heads, start.current), applied))
+            (start, KeyIndex::load(heads, start.current), applied)
         };
-        let (index, applied) = index;
         let compact_revision = start.compact;
         let (committed_tx, committed) = watch::channel(start.current);
         let (compact_target, target_rx) = watch::channel(compact_revision);
