@@ -66,6 +66,11 @@ pub struct Config {
     #[arg(long, env = "ETCDSQL_MAX_REQUEST_BYTES", default_value_t = 1_572_864)]
     pub max_request_bytes: usize,
 
+    /// Most bytes of values kept in memory for reads (keys and their metadata are always kept);
+    /// values beyond it are read from the database by primary key. 0 keeps none.
+    #[arg(long, env = "ETCDSQL_READ_CACHE_BYTES", default_value_t = 268_435_456)]
+    pub read_cache_bytes: usize,
+
     /// Most operations (compares, or ops per branch) one txn may hold.
     #[arg(long, env = "ETCDSQL_MAX_TXN_OPS", default_value_t = 128)]
     pub max_txn_ops: usize,

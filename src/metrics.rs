@@ -1055,6 +1055,10 @@ impl Backend for InstrumentedBackend {
         timed(&self.metrics, "revisions", self.inner.revisions()).await
     }
 
+    async fn values(&self, rows: &[(&[u8], i64)]) -> backend::Result<Vec<Option<Vec<u8>>>> {
+        timed(&self.metrics, "values_at", self.inner.values(rows)).await
+    }
+
     fn sole_writer(&self) -> bool {
         self.inner.sole_writer()
     }

@@ -34,7 +34,7 @@ use crate::config::Config;
 use crate::lease::{Lessor, SystemClock};
 use crate::listener::{self, Listener};
 use crate::metrics::{self, Metrics};
-use crate::mvcc::{self, Store};
+use crate::mvcc::{self, Store, StoreOptions};
 use crate::pb::etcdserverpb as pb;
 use crate::tls;
 use crate::watch::Hub;
@@ -113,7 +113,10 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Runnin
     let tasks = TaskTracker::new();
     // The store outlives the listeners: in-flight requests need it while they drain.
     let store_shutdown = CancellationToken::new();
-    let store = Store::start(backend.clone(), &tasks, store_shutdown.clone()).await?;
+    let options = StoreOptions {
+        read_cache_bytes: config.read_cache_bytes,
+    };
+    let store = Store::start(backend.clone(), options, &tasks, store_shutdown.clone()).await?;
     store.observe_commits(metrics.commit_observer());
     let hub = Hub::start(
         &store,

@@ -10,8 +10,8 @@ use common::{TestServer, status, test_endpoint};
 use etcd_client::{EventType, GetOptions, LeaseGrantOptions, LeaseTimeToLiveOptions, PutOptions};
 use etcdsql::backend;
 use etcdsql::lease::{Lessor, ManualClock};
-use etcdsql::mvcc::Store;
 use etcdsql::mvcc::types::{KeyRange, PutRequest, RangeRequest};
+use etcdsql::mvcc::{Store, StoreOptions};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tonic::Code;
@@ -46,9 +46,14 @@ async fn expiry_follows_the_clock() {
         .unwrap();
     let tasks = TaskTracker::new();
     let shutdown = CancellationToken::new();
-    let store = Store::start(backend.clone(), &tasks, shutdown.clone())
-        .await
-        .unwrap();
+    let store = Store::start(
+        backend.clone(),
+        StoreOptions::default(),
+        &tasks,
+        shutdown.clone(),
+    )
+    .await
+    .unwrap();
     let clock = Arc::new(ManualClock::new(1_000_000));
     let lessor = Lessor::new(store.clone(), clock.clone());
 

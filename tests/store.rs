@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use common::test_endpoint;
 use etcdsql::backend;
-use etcdsql::mvcc::Store;
 use etcdsql::mvcc::types::{KeyRange, PutRequest, RangeRequest};
+use etcdsql::mvcc::{Store, StoreOptions};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -25,9 +25,14 @@ async fn open(
         .unwrap();
     let tasks = TaskTracker::new();
     let shutdown = CancellationToken::new();
-    let store = Store::start(backend.clone(), &tasks, shutdown.clone())
-        .await
-        .unwrap();
+    let store = Store::start(
+        backend.clone(),
+        StoreOptions::default(),
+        &tasks,
+        shutdown.clone(),
+    )
+    .await
+    .unwrap();
     (store, shutdown, tasks, backend)
 }
 

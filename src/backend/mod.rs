@@ -152,6 +152,11 @@ pub trait Backend: Send + Sync + 'static {
     async fn revisions(&self) -> Result<Revisions> {
         self.read().await?.revisions().await
     }
+    /// The values of committed rows `(key, revision)`, `None` for a row not in the log
+    /// (compacted away), in one round trip where the backend can answer outside a transaction.
+    async fn values(&self, rows: &[(&[u8], i64)]) -> Result<Vec<Option<Vec<u8>>>> {
+        self.read_unpinned().await?.values_at(rows).await
+    }
     /// Whether this process is the database's only writer, so that what its own writer
     /// committed is exactly the database's state (SQLite: one process owns the file).
     fn sole_writer(&self) -> bool {

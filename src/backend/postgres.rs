@@ -360,6 +360,11 @@ impl Backend for PostgresBackend {
         meta_revisions(&self.pool).await
     }
 
+    /// One statement outside a transaction: committed rows never change.
+    async fn values(&self, rows: &[(&[u8], i64)]) -> Result<Vec<Option<Vec<u8>>>> {
+        values_of(&self.pool, rows).await
+    }
+
     async fn write(&self) -> Result<Box<dyn WriteTxn>> {
         let mut tx = self.pool.begin().await?;
         sqlx::query("SELECT pg_advisory_xact_lock($1)")
@@ -453,6 +458,32 @@ async fn meta_revisions<'e>(executor: impl sqlx::PgExecutor<'e>) -> Result<Revis
     Ok(Revisions::from_meta(rows))
 }
 
+/// The values of rows `(key, revision)`, as `executor` sees them.
+async fn values_of<'e>(
+    executor: impl sqlx::PgExecutor<'e>,
+    rows: &[(&[u8], i64)],
+) -> Result<Vec<Option<Vec<u8>>>> {
+    let keys: Vec<Vec<u8>> = rows.iter().map(|(key, _)| key.to_vec()).collect();
+    let revisions: Vec<i64> = rows.iter().map(|(_, revision)| *revision).collect();
+    let found: Vec<(i64, Vec<u8>)> = sqlx::query_as(
+        "SELECT w.i, k.value \
+         FROM unnest($1::bytea[], $2::bigint[]) WITH ORDINALITY AS w(name, revision, i) \
+         JOIN kv_log AS k ON k.name = w.name AND k.revision = w.revision",
+    )
+    .bind(keys)
+    .bind(revisions)
+    .fetch_all(executor)
+    .await?;
+    let mut values = vec![None; rows.len()];
+    for (i, value) in found {
+        // ORDINALITY counts from 1.
+        if let Some(slot) = usize::try_from(i - 1).ok().and_then(|i| values.get_mut(i)) {
+            *slot = Some(value);
+        }
+    }
+    Ok(values)
+}
+
 impl PgTxn {
     async fn set_meta(&mut self, name: &str, value: i64) -> Result<()> {
         sqlx::query("UPDATE meta SET value = $1 WHERE name = $2")
@@ -516,25 +547,7 @@ impl ReadTxn for PgTxn {
     }
 
     async fn values_at(&mut self, rows: &[(&[u8], i64)]) -> Result<Vec<Option<Vec<u8>>>> {
-        let keys: Vec<Vec<u8>> = rows.iter().map(|(key, _)| key.to_vec()).collect();
-        let revisions: Vec<i64> = rows.iter().map(|(_, revision)| *revision).collect();
-        let found: Vec<(i64, Vec<u8>)> = sqlx::query_as(
-            "SELECT w.i, k.value \
-             FROM unnest($1::bytea[], $2::bigint[]) WITH ORDINALITY AS w(name, revision, i) \
-             JOIN kv_log AS k ON k.name = w.name AND k.revision = w.revision",
-        )
-        .bind(keys)
-        .bind(revisions)
-        .fetch_all(&mut *self.0)
-        .await?;
-        let mut values = vec![None; rows.len()];
-        for (i, value) in found {
-            // ORDINALITY counts from 1.
-            if let Some(slot) = usize::try_from(i - 1).ok().and_then(|i| values.get_mut(i)) {
-                *slot = Some(value);
-            }
-        }
-        Ok(values)
+        values_of(&mut *self.0, rows).await
     }
 
     async fn changes(&mut self, after: i64, through: i64) -> Result<Vec<LogRow>> {

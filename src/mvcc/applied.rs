@@ -1,5 +1,6 @@
-//! The applied index: the metadata of every live key as of the newest revision this process has
-//! applied, so that reads can take keys and counts from memory instead of SQL.
+//! The applied index: every live key as of the newest revision this process has applied, with
+//! its metadata and, within a memory budget, its value, so that reads of the current revision
+//! are answered from memory instead of SQL.
 //!
 //! It is fed by the watch hub's publish step, the one place where this process takes in the
 //! log's revisions in order (the writer's hand-over for its own commits, the tailer for the rest;
@@ -10,19 +11,27 @@
 //!   is at `after`, with every row of those revisions; otherwise it changes nothing. So at
 //!   revision R the index holds exactly the keys the log has live at R, each with the metadata
 //!   of its newest row at or below R.
+//! - **A value is its row's.** A key's value, when held, is the value of the row its metadata
+//!   names (`mod_revision`): it is set with that row, or filled in later only while the entry
+//!   still names the row it was read for ([`Applied::fill`]), and dropped when the key is
+//!   written again. A missing value is only ever a miss, to be read by primary key.
+//! - **Bounded values.** Values held stay within the budget, apart from the ones just taken in:
+//!   each apply or fill evicts (a clock sweep over the keys, sparing once each value read since
+//!   the hand last passed) until the total is back within it. Metadata is never evicted.
 //! - **Only durable revisions.** Its publishers hand over a batch only once it is durable, and
 //!   after the store published its revisions; so the index's revision is never above the store's
 //!   published current revision, and a read served at it never shows what a later read could
 //!   miss.
 //! - **One revision per read.** A reader holds the read lock for all it takes from the index, so
-//!   its keys and counts are those of one revision, which it reports in its header.
+//!   its keys, values and counts are those of one revision, which it reports in its header.
 //! - **Fed or unused.** Until a publisher is installed ([`Applied::feed`]) nothing moves it: the
 //!   store then never serves from it. If it ever sees a gap, it stops serving reads for good
 //!   (logged): an index that might be wrong is never read.
 
 use std::collections::BTreeMap;
+use std::ops::Bound;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, RwLock, RwLockReadGuard};
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use tokio::sync::watch;
 
@@ -30,6 +39,9 @@ use crate::backend::LogRow;
 
 use super::index::{KeyMeta, range_of};
 use super::types::{KeyRange, KeyValue};
+
+/// Bytes counted for a held value beyond its own length (the shared allocation's header).
+const VALUE_OVERHEAD: usize = 16;
 
 /// A handle to the applied index; cheap to clone.
 #[derive(Clone)]
@@ -39,7 +51,8 @@ pub struct Applied {
 
 struct Inner {
     state: RwLock<State>,
-    /// The index's revision, for readers waiting until it reaches theirs.
+    /// The index's revision, changed only under the state's write lock; readers waiting until
+    /// it reaches theirs subscribe to it.
     revision: watch::Sender<i64>,
     /// Set once a publisher feeds the index.
     fed: AtomicBool,
@@ -47,28 +60,139 @@ struct Inner {
     broken: AtomicBool,
 }
 
+/// One live key.
+pub(crate) struct Entry {
+    pub meta: KeyMeta,
+    value: Option<Arc<[u8]>>,
+    /// Set when a read takes the value; the clock hand clears it and spares the value once.
+    referenced: AtomicBool,
+}
+
+impl Entry {
+    fn new(meta: KeyMeta, value: Option<Arc<[u8]>>) -> Self {
+        Self {
+            meta,
+            value,
+            referenced: AtomicBool::new(false),
+        }
+    }
+
+    /// The key's value at `meta.mod_revision`, if held.
+    pub fn value(&self) -> Option<&Arc<[u8]>> {
+        let value = self.value.as_ref()?;
+        self.referenced.store(true, Ordering::Relaxed);
+        Some(value)
+    }
+}
+
+fn cost(value: &[u8]) -> usize {
+    value.len() + VALUE_OVERHEAD
+}
+
 struct State {
-    keys: BTreeMap<Vec<u8>, KeyMeta>,
-    revision: i64,
+    keys: BTreeMap<Vec<u8>, Entry>,
+    /// What the held values cost, by [`cost`].
+    value_bytes: usize,
+    budget: usize,
+    /// The key the clock hand stopped at; the next sweep starts after it (`None`: at the start).
+    hand: Option<Vec<u8>>,
+}
+
+impl State {
+    fn set(&mut self, key: Vec<u8>, entry: Entry) {
+        if let Some(value) = &entry.value {
+            self.value_bytes += cost(value);
+        }
+        if let Some(old) = self.keys.insert(key, entry) {
+            self.release(&old);
+        }
+    }
+
+    fn remove(&mut self, key: &[u8]) {
+        if let Some(old) = self.keys.remove(key) {
+            self.release(&old);
+        }
+    }
+
+    fn release(&mut self, old: &Entry) {
+        if let Some(value) = &old.value {
+            self.value_bytes -= cost(value);
+        }
+    }
+
+    /// Whether a value of this size may be held at all: one larger than the whole budget
+    /// would only push out everything else.
+    fn admits(&self, value: &[u8]) -> bool {
+        cost(value) <= self.budget
+    }
+
+    /// Drops values, clock-wise, until they fit the budget again.
+    fn evict(&mut self) {
+        let State {
+            keys,
+            value_bytes,
+            budget,
+            hand,
+        } = self;
+        // A turn that drops nothing clears the references it passes; after a partial turn and
+        // a whole one, a third finds a value to drop unless none is held.
+        let mut empty_turns = 0;
+        while *value_bytes > *budget && empty_turns < 3 {
+            let from = hand.as_deref().map_or(Bound::Unbounded, Bound::Excluded);
+            let mut stopped = None;
+            let mut dropped = false;
+            for (key, entry) in keys.range_mut::<[u8], _>((from, Bound::Unbounded)) {
+                if entry.value.is_none() || entry.referenced.swap(false, Ordering::Relaxed) {
+                    continue;
+                }
+                if let Some(value) = entry.value.take() {
+                    *value_bytes -= cost(&value);
+                    dropped = true;
+                }
+                if *value_bytes <= *budget {
+                    stopped = Some(key.clone());
+                    break;
+                }
+            }
+            if stopped.is_none() && !dropped {
+                empty_turns += 1;
+            } else {
+                empty_turns = 0;
+            }
+            *hand = stopped;
+        }
+    }
 }
 
 /// The index as of one revision, held for the length of one read.
 pub(crate) struct View<'a> {
     state: RwLockReadGuard<'a, State>,
+    revision: i64,
 }
 
 impl Applied {
-    /// An index of the live keys among `heads` (the newest row of every key) at `revision`.
-    pub(crate) fn load<'a>(heads: impl IntoIterator<Item = &'a LogRow>, revision: i64) -> Self {
+    /// An index of the live keys among `heads` (the newest row of every key) at `revision`,
+    /// holding values of up to `value_budget` bytes in all. The heads' values are not held:
+    /// reads fill them in as they need them.
+    pub(crate) fn load<'a>(
+        heads: impl IntoIterator<Item = &'a LogRow>,
+        revision: i64,
+        value_budget: usize,
+    ) -> Self {
         let keys = heads
             .into_iter()
             .filter(|row| !row.deleted)
-            .map(|row| (row.key.clone(), KeyMeta::of(row)))
+            .map(|row| (row.key.clone(), Entry::new(KeyMeta::of(row), None)))
             .collect();
         let (revision_tx, _) = watch::channel(revision);
         Self {
             inner: Arc::new(Inner {
-                state: RwLock::new(State { keys, revision }),
+                state: RwLock::new(State {
+                    keys,
+                    value_bytes: 0,
+                    budget: value_budget,
+                    hand: None,
+                }),
                 revision: revision_tx,
                 fed: AtomicBool::new(false),
                 broken: AtomicBool::new(false),
@@ -91,6 +215,13 @@ impl Applied {
         self.inner.fed.load(Ordering::Acquire) && !self.inner.broken.load(Ordering::Acquire)
     }
 
+    fn write(&self) -> RwLockWriteGuard<'_, State> {
+        self.inner
+            .state
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
     /// Applies the changes of the revisions `(after, through]`, in log order, if the index is
     /// at `after`; returns whether it did. A change is a key as a put left it, or a deleted key
     /// (`true`; only its key is read).
@@ -100,15 +231,12 @@ impl Applied {
         through: i64,
         changes: impl IntoIterator<Item = (&'a KeyValue, bool)>,
     ) -> bool {
-        let mut state = self
-            .inner
-            .state
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if state.revision != after {
-            if state.revision < after && !self.inner.broken.swap(true, Ordering::AcqRel) {
+        let mut state = self.write();
+        let at = self.revision();
+        if at != after {
+            if at < after && !self.inner.broken.swap(true, Ordering::AcqRel) {
                 tracing::error!(
-                    index = state.revision,
+                    index = at,
                     after,
                     "the applied index missed revisions; reads no longer use it"
                 );
@@ -117,22 +245,47 @@ impl Applied {
         }
         for (kv, deleted) in changes {
             if deleted {
-                state.keys.remove(&kv.key);
-            } else {
-                let meta = KeyMeta {
-                    mod_revision: kv.mod_revision,
-                    create_revision: kv.create_revision,
-                    version: kv.version,
-                    lease: kv.lease,
-                    deleted: false,
-                };
-                state.keys.insert(kv.key.clone(), meta);
+                state.remove(&kv.key);
+                continue;
             }
+            let meta = KeyMeta {
+                mod_revision: kv.mod_revision,
+                create_revision: kv.create_revision,
+                version: kv.version,
+                lease: kv.lease,
+                deleted: false,
+            };
+            let value = state
+                .admits(&kv.value)
+                .then(|| Arc::from(kv.value.as_slice()));
+            state.set(kv.key.clone(), Entry::new(meta, value));
         }
-        state.revision = through;
-        // Under the write lock, so announcements never run backward.
+        state.evict();
+        // Under the write lock, so a view's revision is always its state's, and announcements
+        // never run backward.
         self.inner.revision.send_replace(through);
         true
+    }
+
+    /// Holds values read from the log for keys whose values the index lacked: each is
+    /// `(key, mod_revision, value)`, and is taken only if the key's entry still names that row.
+    pub(crate) fn fill<'a>(&self, values: impl IntoIterator<Item = (&'a [u8], i64, Arc<[u8]>)>) {
+        let mut state = self.write();
+        let mut added = 0;
+        for (key, mod_revision, value) in values {
+            if !state.admits(&value) {
+                continue;
+            }
+            if let Some(entry) = state.keys.get_mut(key)
+                && entry.meta.mod_revision == mod_revision
+                && entry.value.is_none()
+            {
+                added += cost(&value);
+                entry.value = Some(value);
+            }
+        }
+        state.value_bytes += added;
+        state.evict();
     }
 
     /// Waits until the index has reached `revision`; `false` if `timeout` passed first.
@@ -150,26 +303,34 @@ impl Applied {
     /// The index as it is now, until the view is dropped (which must be soon: it holds off
     /// every publish).
     pub(crate) fn view(&self) -> View<'_> {
+        let state = self
+            .inner
+            .state
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         View {
-            state: self
-                .inner
-                .state
-                .read()
-                .unwrap_or_else(std::sync::PoisonError::into_inner),
+            state,
+            revision: self.revision(),
         }
+    }
+
+    /// How many keys the index holds, and what their held values cost in bytes.
+    pub fn size(&self) -> (usize, usize) {
+        let view = self.view();
+        (view.state.keys.len(), view.state.value_bytes)
     }
 }
 
 impl View<'_> {
     pub fn revision(&self) -> i64 {
-        self.state.revision
+        self.revision
     }
 
     /// The live keys of `range`, in key order.
     pub fn range<'a>(
         &'a self,
         range: &'a KeyRange,
-    ) -> impl Iterator<Item = (&'a Vec<u8>, &'a KeyMeta)> + 'a {
+    ) -> impl Iterator<Item = (&'a Vec<u8>, &'a Entry)> + 'a {
         range_of(&self.state.keys, range)
     }
 
@@ -184,6 +345,10 @@ mod tests {
     use super::*;
 
     fn row(key: &str, revision: i64, deleted: bool) -> LogRow {
+        put(key, revision, deleted, "")
+    }
+
+    fn put(key: &str, revision: i64, deleted: bool, value: &str) -> LogRow {
         LogRow {
             revision,
             sub: 0,
@@ -194,7 +359,7 @@ mod tests {
             prev_revision: 0,
             version: 1,
             lease: 0,
-            value: Vec::new(),
+            value: value.as_bytes().to_vec(),
             old_value: None,
             old_lease: 0,
         }
@@ -221,7 +386,7 @@ mod tests {
 
     #[test]
     fn applies_whole_revisions_in_order_only() {
-        let applied = Applied::load(&[row("a", 2, false), row("b", 3, true)], 3);
+        let applied = Applied::load(&[row("a", 2, false), row("b", 3, true)], 3, 0);
         let all = KeyRange::from_etcd(b"a".to_vec(), vec![0]);
         assert_eq!(keys(&applied, &all), ["a"]);
         applied.feed();
@@ -254,6 +419,7 @@ mod tests {
                 row("b", 4, false),
             ],
             4,
+            0,
         );
         let view = applied.view();
         assert_eq!(
@@ -271,7 +437,7 @@ mod tests {
 
     #[tokio::test]
     async fn readers_wait_for_their_revision() {
-        let applied = Applied::load(&[], 1);
+        let applied = Applied::load(&[], 1, 0);
         let short = std::time::Duration::from_millis(20);
         assert!(applied.reached(1, short).await);
         assert!(!applied.reached(2, short).await);
@@ -285,5 +451,121 @@ mod tests {
             &[row("k", 2, false), row("k", 3, false)]
         ));
         assert!(waiter.await.expect("the waiter runs"));
+    }
+
+    /// The held value of every key, `None` where it is missing.
+    fn values(applied: &Applied) -> Vec<(String, Option<String>)> {
+        let view = applied.view();
+        let all = KeyRange::from_etcd(b"\0".to_vec(), vec![0]);
+        view.range(&all)
+            .map(|(key, entry)| {
+                (
+                    String::from_utf8_lossy(key).into_owned(),
+                    entry
+                        .value
+                        .as_ref()
+                        .map(|v| String::from_utf8_lossy(v).into_owned()),
+                )
+            })
+            .collect()
+    }
+
+    fn held(pairs: &[(&str, Option<&str>)]) -> Vec<(String, Option<String>)> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.map(str::to_string)))
+            .collect()
+    }
+
+    #[test]
+    fn values_follow_their_rows_within_the_budget() {
+        // Room for two 4-byte values.
+        let applied = Applied::load(&[], 1, 2 * cost(b"aaaa"));
+        assert!(apply(
+            &applied,
+            1,
+            3,
+            &[put("a", 2, false, "a-v1"), put("b", 3, false, "b-v1")]
+        ));
+        assert_eq!(
+            values(&applied),
+            held(&[("a", Some("a-v1")), ("b", Some("b-v1"))])
+        );
+        // A rewrite replaces the value; a delete drops it with the key.
+        assert!(apply(
+            &applied,
+            3,
+            5,
+            &[put("a", 4, false, "a-v2"), row("b", 5, true)]
+        ));
+        assert_eq!(values(&applied), held(&[("a", Some("a-v2"))]));
+        assert_eq!(applied.size(), (1, cost(b"a-v2")));
+        // A third value overflows: the hand drops one, and the total fits again.
+        assert!(apply(
+            &applied,
+            5,
+            7,
+            &[put("c", 6, false, "c-v1"), put("d", 7, false, "d-v1")]
+        ));
+        assert_eq!(applied.size(), (3, 2 * cost(b"aaaa")));
+        assert_eq!(
+            values(&applied).iter().filter(|(_, v)| v.is_none()).count(),
+            1
+        );
+        // A value larger than the whole budget is never held.
+        assert!(apply(
+            &applied,
+            7,
+            8,
+            &[put("e", 8, false, "longer than the whole budget allows")]
+        ));
+        assert_eq!(values(&applied).last(), Some(&("e".to_string(), None)));
+        assert_eq!(applied.size().1, 2 * cost(b"aaaa"));
+    }
+
+    #[test]
+    fn a_value_read_since_the_hand_passed_is_spared_once() {
+        let applied = Applied::load(&[], 1, 2 * cost(b"aaaa"));
+        assert!(apply(
+            &applied,
+            1,
+            3,
+            &[put("a", 2, false, "a-v1"), put("b", 3, false, "b-v1")]
+        ));
+        {
+            let view = applied.view();
+            let a = KeyRange::single(b"a".to_vec());
+            let (_, entry) = view.range(&a).next().expect("a is live");
+            assert!(entry.value().is_some());
+        }
+        assert!(apply(&applied, 3, 4, &[put("c", 4, false, "c-v1")]));
+        assert_eq!(
+            values(&applied),
+            held(&[("a", Some("a-v1")), ("b", None), ("c", Some("c-v1"))])
+        );
+    }
+
+    #[test]
+    fn a_fill_takes_only_the_value_of_the_row_the_key_still_has() {
+        let applied = Applied::load(
+            &[row("a", 2, false), row("b", 3, false), row("c", 4, false)],
+            4,
+            1 << 20,
+        );
+        assert_eq!(
+            values(&applied),
+            held(&[("a", None), ("b", None), ("c", None)])
+        );
+        applied.fill([
+            (&b"a"[..], 2, Arc::from(&b"a-v1"[..])),
+            // Not b's row: b was read at another revision.
+            (&b"b"[..], 9, Arc::from(&b"b-old"[..])),
+            (&b"x"[..], 2, Arc::from(&b"absent"[..])),
+        ]);
+        assert_eq!(
+            values(&applied),
+            held(&[("a", Some("a-v1")), ("b", None), ("c", None)])
+        );
+        assert_eq!(applied.size(), (3, cost(b"a-v1")));
     }
 }

@@ -51,18 +51,17 @@
 //! least R. Rows visible at R never change afterwards; only compaction past R could delete
 //! some, and the compact revision is published before the compactor is told of it, so a read
 //! that finds the compact revision still at or below R once it is done read intact rows.
-//! A get of a single key at R is answered from the writer's recently committed rows when the
-//! key's newest row is there and at or below R ([`values`]), without SQL.
 //!
-//! A read of the current revision takes its keys and counts from the applied index
-//! ([`applied`]), which the watch hub feeds with every revision it publishes, in order. It waits
-//! until the index has reached R, then reads at the index's revision A ≥ R: A is durable and
-//! at or below the published revision, so no later read can see less. Count-only and keys-only
-//! reads need nothing else; a read with values scans SQL at A for them, and takes the count from
-//! memory instead of counting rows. On a shared database (PostgreSQL) the index answers the
-//! reads that need no value: a read first learns the cluster's current revision with one round
-//! trip that concurrent reads share ([`probe`]), then waits for the index to reach it. Reads of
-//! older revisions, and on a shared database reads with values, use SQL alone.
+//! A read of the current revision is answered from the applied index ([`applied`]), which the
+//! watch hub feeds with every revision it publishes, in order. The read waits until the index
+//! has reached R, then answers at the index's revision A ≥ R: A is durable and at or below the
+//! published revision, so no later read can see less. Keys, metadata and counts come from
+//! memory; values too, where the index holds them within its budget, and the rest are read by
+//! primary key, `(key, mod_revision)`, in one statement per read. Should compaction have removed
+//! such a row meanwhile, the read falls back to SQL at the current revision. On a shared database
+//! (PostgreSQL) a read first learns the cluster's current revision with one round trip that
+//! concurrent reads share ([`probe`]), then waits for the index to reach it. Reads of older
+//! revisions use SQL alone.
 //!
 //! # Compaction
 //! `Compact(C)` records C as the compact revision in the writer's transaction; from then on
@@ -87,7 +86,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::backend::{self, Backend, DbSize, LeaseRow, LogRow, RangeEnd, ReadTxn, Revisions, Scan};
+use crate::backend::{self, Backend, DbSize, LeaseRow, LogRow, ReadTxn, Revisions, Scan};
 pub use applied::Applied;
 use compare::{fetch_limit, finish_range};
 use index::KeyIndex;
@@ -97,7 +96,7 @@ use types::{
     DeleteRequest, DeleteResponse, KeyValue, LeaseOp, LeaseOutcome, Op, OpResponse, PutRequest,
     PutResponse, RangeRequest, RangeResponse, Revisioned, TxnRequest, TxnResponse,
 };
-use values::{RecentRows, ValueCache};
+use values::ValueCache;
 
 /// Most write requests one database transaction holds.
 const MAX_BATCH: usize = 512;
@@ -166,21 +165,16 @@ pub(crate) fn resolve_read_revision(requested: i64, current: i64, compact: i64) 
     Ok(revision)
 }
 
-/// Reads a Range at `view` (the revision "current" means to this reader). `known_count`, when
-/// given, is the number of keys the range holds at that revision (from the applied index).
+/// Reads a Range at `view` (the revision "current" means to this reader).
 async fn read_range(
     tx: &mut dyn ReadTxn,
     req: &RangeRequest,
     view: i64,
     compact: i64,
-    known_count: Option<i64>,
 ) -> Result<RangeResponse> {
     let revision = resolve_read_revision(req.revision, view, compact)?;
     if req.count_only {
-        let count = match known_count {
-            Some(count) => count,
-            None => tx.count(&req.range.key, &req.range.end, revision).await?,
-        };
+        let count = tx.count(&req.range.key, &req.range.end, revision).await?;
         return Ok(RangeResponse {
             count,
             ..RangeResponse::default()
@@ -193,13 +187,12 @@ async fn read_range(
             end: &req.range.end,
             revision,
             limit,
-            keys_only: req.keys_only,
+            keys_only: !needs_values(req),
         })
         .await?;
     // A scan that was not cut short saw every key: its length is the count.
-    let count = match (known_count, limit) {
-        (Some(count), _) => count,
-        (None, Some(limit)) if rows.len() as i64 >= limit => {
+    let count = match limit {
+        Some(limit) if rows.len() as i64 >= limit => {
             tx.count(&req.range.key, &req.range.end, revision).await?
         }
         _ => rows.len() as i64,
@@ -223,6 +216,22 @@ enum WriteJob {
     },
 }
 
+/// How a store uses memory.
+#[derive(Clone, Copy, Debug)]
+pub struct StoreOptions {
+    /// The most bytes of values the applied index holds for reads; 0 holds none, and every
+    /// read with values reads them by primary key.
+    pub read_cache_bytes: usize,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        Self {
+            read_cache_bytes: 256 << 20,
+        }
+    }
+}
+
 /// A handle to the store; cheap to clone.
 #[derive(Clone)]
 pub struct Store {
@@ -242,10 +251,8 @@ struct Inner {
     /// database's state, and reads use it instead of a snapshot.
     sole_writer: bool,
     published: Arc<Published>,
-    /// The writer's recently committed rows, which answer single-key reads at the published
-    /// revision without SQL; only when this process is the only writer.
-    recent: Option<RecentRows>,
-    /// Every live key's metadata as of the revisions the watch hub has taken in ([`applied`]).
+    /// Every live key, with values within a budget, as of the revisions the watch hub has taken
+    /// in ([`applied`]).
     applied: Applied,
     /// Where the database is shared: the round trips that tell reads the cluster's revision.
     probe: RevisionProbe,
@@ -272,18 +279,24 @@ impl Published {
     }
 }
 
-/// Whether the applied index alone can answer `req`: it reads no value (sorting by value reads
-/// them all).
-fn needs_no_values(req: &RangeRequest) -> bool {
-    req.count_only || (req.keys_only && !matches!(req.sort, Some((types::SortTarget::Value, _))))
+/// Whether `req` reads values: to answer with them, or to sort by them.
+fn needs_values(req: &RangeRequest) -> bool {
+    !req.count_only && (!req.keys_only || matches!(req.sort, Some((types::SortTarget::Value, _))))
 }
 
 /// What a read of the current revision got from the applied index.
 enum Memory {
     /// The whole answer, at the index's revision.
     Answer(Revisioned<RangeResponse>),
-    /// The range's count at `revision`; the values are still to be read there.
-    Count { revision: i64, count: i64 },
+    /// Keys at `revision`, some of whose values the index does not hold: they are to be read
+    /// by primary key before the answer can be finished.
+    Partial {
+        revision: i64,
+        count: i64,
+        kvs: Vec<KeyValue>,
+        /// The values held, by position in `kvs`; `None` is to be read.
+        values: Vec<Option<Arc<[u8]>>>,
+    },
 }
 
 /// Counts kept by the writer, so group commit can be observed (tests, metrics).
@@ -330,6 +343,7 @@ impl Store {
     /// The backend cannot be read.
     pub async fn start(
         backend: Arc<dyn Backend>,
+        options: StoreOptions,
         tracker: &TaskTracker,
         shutdown: CancellationToken,
     ) -> Result<Self> {
@@ -338,7 +352,7 @@ impl Store {
             let mut snapshot = backend.read().await?;
             let start = snapshot.revisions().await?;
             let heads = snapshot.heads().await?;
-            let applied = Applied::load(&heads, start.current);
+            let applied = Applied::load(&heads, start.current, options.read_cache_bytes);
             (start, KeyIndex::load(heads, start.current), applied)
         };
         let compact_revision = start.compact;
@@ -353,7 +367,6 @@ impl Store {
             compact: AtomicI64::new(start.compact),
         });
         let values = ValueCache::new(VALUE_CACHE_BYTES);
-        let recent = sole_writer.then(|| values.readers());
         let (acks, committing) = mpsc::channel(1);
         tracker.spawn(run_writer(
             backend.clone(),
@@ -389,7 +402,6 @@ impl Store {
                 stats,
                 sole_writer,
                 published,
-                recent,
                 applied,
                 probe: RevisionProbe::new(),
                 catch_up: watch::channel(start.current).0,
@@ -473,7 +485,7 @@ impl Store {
         if self.inner.sole_writer {
             return self.range_unpinned(req).await;
         }
-        if req.revision <= 0 && needs_no_values(req) && self.inner.applied.serving() {
+        if req.revision <= 0 && self.inner.applied.serving() {
             // One shared round trip for the cluster's revision; the rest comes from memory.
             let current = self
                 .inner
@@ -486,18 +498,14 @@ impl Store {
                 *wanted = (*wanted).max(current);
                 further
             });
-            if self.inner.applied.reached(current, APPLIED_WAIT).await
-                && let Memory::Answer(revisioned) = self.range_from_memory(req)
-            {
-                self.inner.reads_from_memory.fetch_add(1, Ordering::Relaxed);
-                return Ok(revisioned);
+            if let Some(answer) = self.range_applied(req, current).await? {
+                return Ok(answer);
             }
         }
         self.inner.reads_from_sql.fetch_add(1, Ordering::Relaxed);
         let mut tx = self.inner.backend.read().await?;
         let revisions = tx.revisions().await?;
-        let value =
-            read_range(tx.as_mut(), req, revisions.current, revisions.compact, None).await?;
+        let value = read_range(tx.as_mut(), req, revisions.current, revisions.compact).await?;
         Ok(Revisioned {
             revision: revisions.current,
             value,
@@ -510,42 +518,16 @@ impl Store {
             let revisions = self.inner.published.revisions();
             let revision =
                 resolve_read_revision(req.revision, revisions.current, revisions.compact)?;
-            if let Some(value) = self.recent_row(req, revision, revisions.current) {
-                self.inner.reads_from_memory.fetch_add(1, Ordering::Relaxed);
-                return Ok(Revisioned {
-                    revision: revisions.current,
-                    value,
-                });
-            }
-            // A read of the current revision takes its keys and counts from memory, at the
-            // applied index's revision: at or after this one, and durable.
-            let mut view = revisions.current;
-            let mut known_count = None;
             if req.revision <= 0
-                && self.inner.applied.serving()
-                && self
-                    .inner
-                    .applied
-                    .reached(revisions.current, APPLIED_WAIT)
-                    .await
+                && let Some(answer) = self.range_applied(req, revisions.current).await?
             {
-                match self.range_from_memory(req) {
-                    Memory::Answer(revisioned) => {
-                        self.inner.reads_from_memory.fetch_add(1, Ordering::Relaxed);
-                        return Ok(revisioned);
-                    }
-                    Memory::Count { revision, count } => {
-                        view = revision;
-                        known_count = Some(count);
-                    }
-                }
+                return Ok(answer);
             }
             self.inner.reads_from_sql.fetch_add(1, Ordering::Relaxed);
             let mut tx = self.inner.backend.read_unpinned().await?;
-            let value = read_range(tx.as_mut(), req, view, revisions.compact, known_count).await?;
+            let value = read_range(tx.as_mut(), req, revisions.current, revisions.compact).await?;
             drop(tx);
-            let read_at = if req.revision > 0 { revision } else { view };
-            if self.inner.published.compact.load(Ordering::SeqCst) > read_at {
+            if self.inner.published.compact.load(Ordering::SeqCst) > revision {
                 // Compacted while being read: some rows may have been missing. A read of the
                 // current revision just tries again at the new one.
                 if req.revision > 0 {
@@ -554,65 +536,109 @@ impl Store {
                 continue;
             }
             return Ok(Revisioned {
-                revision: view,
+                revision: revisions.current,
                 value,
             });
         }
     }
 
-    /// What the applied index answers of a read of the current revision: all of it when no
-    /// value is needed, else the count and the revision at which SQL must read the values.
+    /// A read of the current revision answered by the applied index once it has reached
+    /// `current`; `None` where SQL must answer instead: the index is not serving, lags too
+    /// long, or a value it lacked has been compacted away since.
+    async fn range_applied(
+        &self,
+        req: &RangeRequest,
+        current: i64,
+    ) -> Result<Option<Revisioned<RangeResponse>>> {
+        let applied = &self.inner.applied;
+        if !applied.serving() || !applied.reached(current, APPLIED_WAIT).await {
+            return Ok(None);
+        }
+        let answer = match self.range_from_memory(req) {
+            Memory::Answer(answer) => answer,
+            Memory::Partial {
+                revision,
+                count,
+                mut kvs,
+                mut values,
+            } => {
+                let wanted: Vec<usize> =
+                    (0..values.len()).filter(|&i| values[i].is_none()).collect();
+                let rows: Vec<(&[u8], i64)> = wanted
+                    .iter()
+                    .map(|&i| (kvs[i].key.as_slice(), kvs[i].mod_revision))
+                    .collect();
+                let found = self.inner.backend.values(&rows).await?;
+                if found.iter().any(Option::is_none) {
+                    return Ok(None);
+                }
+                let found: Vec<Arc<[u8]>> = found.into_iter().flatten().map(Arc::from).collect();
+                applied.fill(
+                    rows.iter()
+                        .zip(&found)
+                        .map(|(&(key, mod_revision), value)| (key, mod_revision, value.clone())),
+                );
+                for (i, value) in wanted.into_iter().zip(found) {
+                    values[i] = Some(value);
+                }
+                for (kv, value) in kvs.iter_mut().zip(values) {
+                    kv.value = value.map(|v| v.to_vec()).unwrap_or_default();
+                }
+                Revisioned {
+                    revision,
+                    value: finish_range(req, kvs, count),
+                }
+            }
+        };
+        self.inner.reads_from_memory.fetch_add(1, Ordering::Relaxed);
+        Ok(Some(answer))
+    }
+
+    /// What the applied index holds of a read of the current revision: the whole answer, or
+    /// the keys with the values it has.
     fn range_from_memory(&self, req: &RangeRequest) -> Memory {
         let view = self.inner.applied.view();
         let revision = view.revision();
-        let answer = |value| Memory::Answer(Revisioned { revision, value });
         if req.count_only {
-            return answer(RangeResponse {
-                count: view.count(&req.range),
-                ..RangeResponse::default()
+            let count = view.count(&req.range);
+            return Memory::Answer(Revisioned {
+                revision,
+                value: RangeResponse {
+                    count,
+                    ..RangeResponse::default()
+                },
             });
         }
-        if req.range.end == RangeEnd::Single && view.count(&req.range) == 0 {
-            // A key that does not exist needs no value either.
-            return answer(finish_range(req, Vec::new(), 0));
-        }
-        if !needs_no_values(req) {
-            return Memory::Count {
-                revision,
-                count: view.count(&req.range),
-            };
-        }
+        let with_values = needs_values(req);
         let take = fetch_limit(req).map_or(usize::MAX, |limit| limit as usize);
         let mut count = 0;
         let mut kvs = Vec::new();
-        for (key, meta) in view.range(&req.range) {
+        let mut values = Vec::new();
+        for (key, entry) in view.range(&req.range) {
             count += 1;
             if kvs.len() < take {
-                kvs.push(meta.to_kv(key, Vec::new()));
+                kvs.push(entry.meta.to_kv(key, Vec::new()));
+                if with_values {
+                    values.push(entry.value().cloned());
+                }
             }
         }
-        answer(finish_range(req, kvs, count))
-    }
-
-    /// A single-key read at the current revision, answered from the writer's recently committed
-    /// rows when the key's newest row is among them. Rows newer than the current revision are
-    /// not durable yet: the read then goes to SQL.
-    fn recent_row(&self, req: &RangeRequest, revision: i64, current: i64) -> Option<RangeResponse> {
-        if req.range.end != RangeEnd::Single || revision != current {
-            return None;
+        drop(view);
+        if values.iter().any(Option::is_none) {
+            return Memory::Partial {
+                revision,
+                count,
+                kvs,
+                values,
+            };
         }
-        let kv = self
-            .inner
-            .recent
-            .as_ref()?
-            .newest(&req.range.key, current)?;
-        if req.count_only {
-            return Some(RangeResponse {
-                count: 1,
-                ..RangeResponse::default()
-            });
+        for (kv, value) in kvs.iter_mut().zip(values) {
+            kv.value = value.map(|v| v.to_vec()).unwrap_or_default();
         }
-        Some(finish_range(req, vec![kv], 1))
+        Memory::Answer(Revisioned {
+            revision,
+            value: finish_range(req, kvs, count),
+        })
     }
 
     /// Runs a txn; the revision is the one it wrote at, or the current one if it wrote nothing.

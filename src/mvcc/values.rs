@@ -1,11 +1,10 @@
-//! The cache of recently written rows: the writer's source of old values, and the readers'
-//! source of single-key gets at the current revision.
+//! The cache of recently written rows: the writer's source of old values.
 //!
 //! A Put or Delete records the value it replaces (the watch's `prev_kv`), and a txn's Range
 //! answers with values; without this cache each batch asks the database for them in a query of
 //! its own before it can write. Keys that are written again soon after (Kubernetes updates the
-//! same objects over and over) find their value here instead. The same entries answer a get of
-//! such a key without SQL when this process is the database's only writer.
+//! same objects over and over) find their value here instead. (Readers have their own values,
+//! in the applied index: these run ahead of what is durable.)
 //!
 //! # Invariants
 //! - An entry `key → row at revision r` is exactly the committed row `(key, r)`: entries come
@@ -16,38 +15,30 @@
 //!   newest row as of the last recorded commit, which is at or after the published revision.
 //! - The writer's lookups name the revision they want (the key index's newest row), so an entry
 //!   that is no longer the key's newest row (a write failed after the index was reloaded) is a
-//!   miss, never a wrong answer. A reader at published revision R trusts an entry only if its
-//!   revision is at or below R: a newer entry is not yet durable and says nothing of R.
+//!   miss, never a wrong answer.
 //! - Memory is bounded: keys and values together stay within the budget; the entries written
 //!   longest ago are dropped first. Dropping an entry is always safe: it only makes a miss.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
-use dashmap::DashMap;
-
 use crate::backend::LogRow;
-
-use super::types::KeyValue;
 
 /// Bytes counted for an entry beyond its key and value (map slot, queue slot, allocations).
 const ENTRY_OVERHEAD: usize = 96;
 
-/// A committed row, as much of it as a Range answers with.
+/// A committed row's value.
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Cached {
     revision: i64,
-    create_revision: i64,
-    version: i64,
-    lease: i64,
     value: Vec<u8>,
 }
 
-type Entries = DashMap<Arc<[u8]>, Cached>;
+type Entries = HashMap<Arc<[u8]>, Cached>;
 
-/// The writer's side: fills the entries and keeps them within the budget.
+/// The writer's cache: fills the entries and keeps them within the budget.
 pub(crate) struct ValueCache {
-    entries: Arc<Entries>,
+    entries: Entries,
     /// Keys in the order they were written, with the revision written; an item whose revision
     /// is no longer its key's entry is stale and skipped.
     order: VecDeque<(Arc<[u8]>, i64)>,
@@ -61,42 +52,14 @@ fn holds(entries: &Entries, key: &[u8], revision: i64) -> bool {
     entries.get(key).is_some_and(|e| e.revision == revision)
 }
 
-/// The readers' side: lookups only.
-#[derive(Clone)]
-pub(crate) struct RecentRows {
-    entries: Arc<Entries>,
-}
-
-impl RecentRows {
-    /// The key's newest row if it is cached and visible at `revision` (the published one).
-    pub(crate) fn newest(&self, key: &[u8], revision: i64) -> Option<KeyValue> {
-        let entry = self.entries.get(key)?;
-        (entry.revision <= revision).then(|| KeyValue {
-            key: key.to_vec(),
-            create_revision: entry.create_revision,
-            mod_revision: entry.revision,
-            version: entry.version,
-            value: entry.value.clone(),
-            lease: entry.lease,
-        })
-    }
-}
-
 impl ValueCache {
     /// A cache of at most `budget` bytes; 0 caches nothing.
     pub(crate) fn new(budget: usize) -> Self {
         Self {
-            entries: Arc::new(DashMap::new()),
+            entries: HashMap::new(),
             order: VecDeque::new(),
             bytes: 0,
             budget,
-        }
-    }
-
-    /// A handle for readers, sharing this cache's entries.
-    pub(crate) fn readers(&self) -> RecentRows {
-        RecentRows {
-            entries: self.entries.clone(),
         }
     }
 
@@ -129,9 +92,6 @@ impl ValueCache {
                 key.clone(),
                 Cached {
                     revision: row.revision,
-                    create_revision: row.create_revision,
-                    version: row.version,
-                    lease: row.lease,
                     value: row.value.clone(),
                 },
             );
@@ -155,7 +115,7 @@ impl ValueCache {
     }
 
     fn remove(&mut self, key: &[u8]) {
-        if let Some((key, entry)) = self.entries.remove(key) {
+        if let Some((key, entry)) = self.entries.remove_entry(key) {
             self.bytes -= Self::size(&key, &entry.value);
         }
     }
@@ -205,32 +165,6 @@ mod tests {
         cache.record(&[tombstone]);
         assert_eq!(cache.get(b"a", 3), None);
         assert_eq!(cache.len(), 0);
-    }
-
-    #[test]
-    fn readers_see_a_key_newest_row_only_at_or_after_its_revision() {
-        let mut cache = ValueCache::new(1 << 20);
-        let readers = cache.readers();
-        let mut row = put("a", 5, "v5");
-        row.create_revision = 3;
-        row.version = 2;
-        row.lease = 9;
-        cache.record(&[row]);
-        assert_eq!(readers.newest(b"a", 4), None);
-        let kv = readers.newest(b"a", 5).unwrap();
-        assert_eq!(
-            (kv.create_revision, kv.mod_revision, kv.version, kv.lease),
-            (3, 5, 2, 9)
-        );
-        assert_eq!((kv.key, kv.value), (b"a".to_vec(), b"v5".to_vec()));
-        assert!(readers.newest(b"a", 7).is_some());
-        let mut tombstone = put("a", 6, "");
-        tombstone.deleted = true;
-        cache.record(&[tombstone]);
-        assert_eq!(readers.newest(b"a", 7), None);
-        cache.record(&[put("b", 8, "v8")]);
-        cache.clear();
-        assert_eq!(readers.newest(b"b", 8), None);
     }
 
     #[test]
