@@ -91,6 +91,7 @@ pub struct Sizes {
     pub sweep_secs: f64,
     /// No workload runs longer than this.
     pub max_secs: f64,
+    pub rounds: usize,
 }
 
 impl Sizes {
@@ -100,21 +101,23 @@ impl Sizes {
             conns: 8,
             namespaces: 100,
             value_size: 1024,
-            creates: 20_000,
-            updates: 20_000,
+            // Each workload: 100,000 operations or 20 s, whichever comes first.
+            creates: 100_000,
+            updates: 100_000,
             stale_percent: 5,
-            gets: 30_000,
+            gets: 100_000,
             list_sizes: vec![10_000, 100_000],
             list_page: 500,
-            list_repeats: 2,
-            counts: 20,
+            list_repeats: 100_000,
+            counts: 100_000,
             watchers: vec![1, 100, 1000],
             watch_rate: 500.0,
-            watch_secs: 4.0,
-            mixed_secs: 10.0,
+            watch_secs: 20.0,
+            mixed_secs: 20.0,
             sweep_rates: vec![250.0, 500.0, 1000.0, 2000.0, 4000.0, 8000.0],
             sweep_secs: 2.0,
-            max_secs: 60.0,
+            max_secs: 20.0,
+            rounds: 3,
         }
     }
 
@@ -139,6 +142,7 @@ impl Sizes {
             sweep_rates: vec![100.0, 200.0],
             sweep_secs: 1.0,
             max_secs: 30.0,
+            rounds: 1,
         }
     }
 }

@@ -7,7 +7,7 @@
 //! and writes the comparison.
 //!
 //! ```sh
-//! cargo bench --bench vs_etcd                       # the full run (about 6 minutes)
+//! cargo bench --bench vs_etcd -- --etcd-bin ETCD35  # the full run (about an hour)
 //! cargo bench --bench vs_etcd -- --smoke            # seconds: proves the harness works
 //! cargo test --locked --bench vs_etcd -- --smoke    # the same on the debug build (CI)
 //! cargo bench --bench vs_etcd -- --help             # every size is a flag
@@ -24,10 +24,14 @@
 //!   this disk, readiness, `/proc` readings (CPU seconds, peak RSS, context switches), the
 //!   server's `/metrics`, optional `perf record`.
 //! - `load.rs`: the workloads and the closed-loop / open-loop drivers; latency histograms.
-//! - `report.rs`: the markdown tables, the targets of issue #6, JSON and the SVG chart.
+//! - `report.rs`: the markdown tables, the targets of issue #16, JSON and the SVG chart.
+//! - `rounds.rs`: repeating the run in rotated order and folding the rounds into medians.
 //!
 //! # Measuring
-//! Every system gets a fresh server and they all start up front; then each workload (create,
+//! The run is repeated in rounds (three by default), each on fresh servers; the systems take
+//! turns going first, and the tables report each number's median over the rounds, with every
+//! round's throughput beside it. Within a round every system gets a fresh server and they all
+//! start up front; then each workload (create,
 //! update, get, list and count, watch, mixed, sweep) runs on one system after the other before
 //! the next workload starts, so the systems are measured minutes apart at most and noise from
 //! the shared machine hits them alike. Each system sees the same requests on the same data.
@@ -38,6 +42,7 @@
 
 mod load;
 mod report;
+mod rounds;
 mod system;
 
 use std::future::Future;
@@ -63,8 +68,13 @@ struct Args {
     /// Tiny sizes (seconds): proves the harness and the servers work. Fails on any error.
     #[arg(long)]
     smoke: bool,
-    /// Systems to run, in this order: sqlite, postgres, etcd.
-    #[arg(long, value_delimiter = ',', default_value = "sqlite,postgres,etcd")]
+    /// Systems to run: sqlite, postgres, etcd (the reference: `--etcd-bin`), etcd-old
+    /// (`--etcd-old-bin`).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "sqlite,postgres,etcd,etcd-old"
+    )]
     systems: Vec<String>,
     /// Workloads to run: create, update, get, list (with count), watch, mixed, sweep.
     #[arg(
@@ -73,6 +83,9 @@ struct Args {
         default_value = "create,update,get,list,watch,mixed,sweep"
     )]
     workloads: Vec<String>,
+    /// Rounds of the whole run, each on fresh servers in rotated order [full: 3].
+    #[arg(long)]
+    rounds: Option<usize>,
     /// Concurrent clients of the closed-loop workloads [full: 64].
     #[arg(long)]
     clients: Option<usize>,
@@ -139,8 +152,13 @@ struct Args {
     /// Keep the data directories, logs and the PostgreSQL database after the run.
     #[arg(long)]
     keep: bool,
+    /// The etcd the ratios are taken against: today's, e.g. sid's 3.5.x, which
+    /// `conformance/k8s-storage/build.sh` leaves in its output folder.
     #[arg(long, default_value = "etcd")]
     etcd_bin: String,
+    /// An older etcd for the record (bookworm's 3.4.23 is `/usr/bin/etcd`).
+    #[arg(long, default_value = "/usr/bin/etcd")]
+    etcd_old_bin: String,
     #[arg(long, default_value = env!("CARGO_BIN_EXE_etcdsql"))]
     etcdsql_bin: String,
     /// PostgreSQL admin URL; a fresh database is created beside it for the run and dropped.
@@ -168,6 +186,7 @@ impl Args {
             ($($f:ident),*) => { $( if let Some(v) = self.$f.clone() { s.$f = v; } )* };
         }
         set!(
+            rounds,
             clients,
             conns,
             namespaces,
@@ -561,6 +580,7 @@ async fn main() -> ExitCode {
     });
     let setup = Setup {
         etcd_bin: args.etcd_bin.clone(),
+        etcd_old_bin: args.etcd_old_bin.clone(),
         etcdsql_bin: args.etcdsql_bin.clone(),
         postgres_url: args.postgres_url.clone(),
         work_dir: work_dir.clone(),
@@ -581,13 +601,21 @@ async fn main() -> ExitCode {
         machine: machine(),
         sizes: sizes.clone(),
         systems: Vec::new(),
+        rounds: Vec::new(),
     };
     eprintln!(
         "work dir {}, results in {}",
         work_dir.display(),
         out_dir.display()
     );
-    run.systems = run_all(&kinds, &setup, &sizes, &args.workloads, perf.as_ref()).await;
+    for round in 0..sizes.rounds.max(1) {
+        eprintln!("=== round {} of {}", round + 1, sizes.rounds.max(1));
+        let order = rounds::rotated(&kinds, round);
+        let mut results = run_all(&order, &setup, &sizes, &args.workloads, perf.as_ref()).await;
+        results.sort_by_key(|r| kinds.iter().position(|k| k.name() == r.name));
+        run.rounds.push(results);
+    }
+    run.systems = rounds::fold(&run.rounds);
 
     let markdown = run.markdown();
     println!("{markdown}");
@@ -600,7 +628,7 @@ async fn main() -> ExitCode {
     write(&out_dir.join("latest.svg"), &run.svg());
     eprintln!("wrote {}/latest.{{md,json,svg}}", out_dir.display());
     if !args.keep {
-        for kind in [Kind::Sqlite, Kind::Postgres, Kind::Etcd] {
+        for kind in [Kind::Sqlite, Kind::Postgres, Kind::Etcd, Kind::EtcdOld] {
             let _ = std::fs::remove_dir_all(work_dir.join(kind.name()));
         }
     }

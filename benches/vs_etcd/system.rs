@@ -20,7 +20,10 @@ use etcd_client::{Client, ConnectOptions};
 pub enum Kind {
     Sqlite,
     Postgres,
+    /// The etcd the ratios are taken against (today's line: sid's 3.5.x).
     Etcd,
+    /// An older etcd beside it (bookworm's 3.4.23), for the record.
+    EtcdOld,
 }
 
 impl Kind {
@@ -29,6 +32,7 @@ impl Kind {
             Kind::Sqlite => "etcdsql-sqlite",
             Kind::Postgres => "etcdsql-postgres",
             Kind::Etcd => "etcd",
+            Kind::EtcdOld => "etcd-old",
         }
     }
 
@@ -37,8 +41,9 @@ impl Kind {
             "sqlite" | "etcdsql-sqlite" => Ok(Kind::Sqlite),
             "postgres" | "etcdsql-postgres" => Ok(Kind::Postgres),
             "etcd" => Ok(Kind::Etcd),
+            "etcd-old" => Ok(Kind::EtcdOld),
             other => Err(format!(
-                "unknown system {other:?}: expected sqlite, postgres or etcd"
+                "unknown system {other:?}: expected sqlite, postgres, etcd or etcd-old"
             )),
         }
     }
@@ -47,6 +52,7 @@ impl Kind {
 /// Where to find the servers and where to put their data.
 pub struct Setup {
     pub etcd_bin: String,
+    pub etcd_old_bin: String,
     pub etcdsql_bin: String,
     /// Admin URL of the PostgreSQL server; a fresh database is created next to the one it names.
     pub postgres_url: String,
@@ -176,11 +182,16 @@ impl Server {
         let mut cmd;
         let version;
         match kind {
-            Kind::Etcd => {
+            Kind::Etcd | Kind::EtcdOld => {
                 let peer = free_port().map_err(|e| Skip(format!("no free port: {e}")))?;
                 let peer_url = format!("http://127.0.0.1:{peer}");
-                version = first_line(&setup.etcd_bin, "--version");
-                cmd = Command::new(&setup.etcd_bin);
+                let bin = if kind == Kind::Etcd {
+                    &setup.etcd_bin
+                } else {
+                    &setup.etcd_old_bin
+                };
+                version = first_line(bin, "--version");
+                cmd = Command::new(bin);
                 // Default durability: etcd fsyncs its WAL on every raft append, as in production.
                 cmd.arg("--name")
                     .arg("bench")
