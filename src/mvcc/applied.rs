@@ -28,16 +28,16 @@
 //!   store then never serves from it. If it ever sees a gap, it stops serving reads for good
 //!   (logged): an index that might be wrong is never read.
 
-use std::collections::BTreeMap;
 use std::ops::Bound;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use tokio::sync::watch;
+use wabi_tree::OSBTreeMap;
 
-use crate::backend::LogRow;
+use crate::backend::{LogRow, RangeEnd};
 
-use super::index::{KeyMeta, range_of};
+use super::index::KeyMeta;
 use super::types::{KeyRange, KeyValue};
 
 /// Bytes counted for a held value beyond its own length (the shared allocation's header).
@@ -89,8 +89,23 @@ fn cost(value: &[u8]) -> usize {
     value.len() + VALUE_OVERHEAD
 }
 
+/// An order-statistic B-tree: besides the key order it knows each key's rank, so a range's
+/// count is two descents, O(log n), however many keys it holds.
+type Keys = OSBTreeMap<Vec<u8>, Entry>;
+
+/// How many keys sort before `bound`.
+fn rank(keys: &Keys, bound: &[u8]) -> usize {
+    match keys
+        .range::<[u8], _>((Bound::Included(bound), Bound::Unbounded))
+        .next()
+    {
+        Some((first, _)) => keys.rank_of(first.as_slice()).unwrap_or(keys.len()),
+        None => keys.len(),
+    }
+}
+
 struct State {
-    keys: BTreeMap<Vec<u8>, Entry>,
+    keys: Keys,
     /// What the held values cost, by [`cost`].
     value_bytes: usize,
     budget: usize,
@@ -330,13 +345,30 @@ impl View<'_> {
     pub fn range<'a>(
         &'a self,
         range: &'a KeyRange,
-    ) -> impl Iterator<Item = (&'a Vec<u8>, &'a Entry)> + 'a {
-        range_of(&self.state.keys, range)
+    ) -> Box<dyn Iterator<Item = (&'a Vec<u8>, &'a Entry)> + 'a> {
+        let keys = &self.state.keys;
+        let start = Bound::Included(range.key.as_slice());
+        match &range.end {
+            RangeEnd::Single => Box::new(keys.get_key_value(range.key.as_slice()).into_iter()),
+            // A reversed range holds nothing (and is no range to the tree).
+            _ if range.is_empty() => Box::new(std::iter::empty()),
+            RangeEnd::Unbounded => Box::new(keys.range::<[u8], _>((start, Bound::Unbounded))),
+            RangeEnd::Before(end) => {
+                Box::new(keys.range::<[u8], _>((start, Bound::Excluded(end.as_slice()))))
+            }
+        }
     }
 
-    /// How many live keys `range` holds.
+    /// How many live keys `range` holds, without visiting them.
     pub fn count(&self, range: &KeyRange) -> i64 {
-        self.range(range).count() as i64
+        let keys = &self.state.keys;
+        let n = match &range.end {
+            RangeEnd::Single => usize::from(keys.contains_key(range.key.as_slice())),
+            _ if range.is_empty() => 0,
+            RangeEnd::Unbounded => keys.len() - rank(keys, &range.key),
+            RangeEnd::Before(end) => rank(keys, end) - rank(keys, &range.key),
+        };
+        n as i64
     }
 }
 
@@ -428,6 +460,20 @@ mod tests {
         );
         assert_eq!(view.count(&KeyRange::single(b"b".to_vec())), 1);
         assert_eq!(view.count(&KeyRange::single(b"c".to_vec())), 0);
+        // Bounds that are not keys themselves, on both sides.
+        assert_eq!(
+            view.count(&KeyRange::from_etcd(b"a".to_vec(), b"a/2".to_vec())),
+            1
+        );
+        assert_eq!(
+            view.count(&KeyRange::from_etcd(b"a/1\0".to_vec(), vec![0])),
+            2
+        );
+        assert_eq!(view.count(&KeyRange::from_etcd(b"c".to_vec(), vec![0])), 0);
+        assert_eq!(
+            view.count(&KeyRange::from_etcd(b"\0".to_vec(), b"zz".to_vec())),
+            3
+        );
         assert_eq!(
             view.count(&KeyRange::from_etcd(b"b".to_vec(), b"a".to_vec())),
             0
@@ -567,5 +613,41 @@ mod tests {
             held(&[("a", Some("a-v1")), ("b", None), ("c", None)])
         );
         assert_eq!(applied.size(), (3, cost(b"a-v1")));
+    }
+
+    #[test]
+    fn counts_equal_the_keys_a_range_visits() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        let name = |rng: &mut rand::rngs::StdRng| {
+            let len = rng.random_range(1..4);
+            (0..len)
+                .map(|_| rng.random_range(b'a'..=b'e'))
+                .collect::<Vec<u8>>()
+        };
+        let applied = Applied::load(&[], 1, 0);
+        for revision in 1..2000 {
+            let key = String::from_utf8(name(&mut rng)).expect("ascii");
+            let deleted = rng.random_range(0..3) == 0;
+            assert!(apply(
+                &applied,
+                revision,
+                revision + 1,
+                &[row(&key, revision + 1, deleted)]
+            ));
+            let view = applied.view();
+            let (from, to) = (name(&mut rng), name(&mut rng));
+            for range in [
+                KeyRange::from_etcd(from.clone(), to.clone()),
+                KeyRange::from_etcd(from.clone(), vec![0]),
+                KeyRange::single(from.clone()),
+            ] {
+                assert_eq!(
+                    view.count(&range),
+                    view.range(&range).count() as i64,
+                    "{range:?}"
+                );
+            }
+        }
     }
 }
