@@ -284,8 +284,10 @@ fn needs_values(req: &RangeRequest) -> bool {
     !req.count_only && (!req.keys_only || matches!(req.sort, Some((types::SortTarget::Value, _))))
 }
 
-/// What a read of the current revision got from the applied index.
+/// What a read got from the applied index.
 enum Memory {
+    /// Nothing: the index is at another revision than the one asked for.
+    Elsewhere,
     /// The whole answer, at the index's revision.
     Answer(Revisioned<RangeResponse>),
     /// Keys at `revision`, some of whose values the index does not hold: they are to be read
@@ -485,20 +487,18 @@ impl Store {
         if self.inner.sole_writer {
             return self.range_unpinned(req).await;
         }
-        if req.revision <= 0 && self.inner.applied.serving() {
-            // One shared round trip for the cluster's revision; the rest comes from memory.
-            let current = self
-                .inner
-                .probe
-                .revisions(&self.inner.backend)
-                .await?
-                .current;
+        let applied = &self.inner.applied;
+        // A revision the index has passed is SQL's to read: no round trip is spent on it.
+        if applied.serving() && (req.revision <= 0 || req.revision >= applied.revision()) {
+            // One shared round trip for the cluster's revisions; the rest comes from memory.
+            let revisions = self.inner.probe.revisions(&self.inner.backend).await?;
+            let current = revisions.current;
             self.inner.catch_up.send_if_modified(|wanted| {
                 let further = current > *wanted;
                 *wanted = (*wanted).max(current);
                 further
             });
-            if let Some(answer) = self.range_applied(req, current).await? {
+            if let Some(answer) = self.range_applied(req, revisions).await? {
                 return Ok(answer);
             }
         }
@@ -516,13 +516,11 @@ impl Store {
     async fn range_unpinned(&self, req: &RangeRequest) -> Result<Revisioned<RangeResponse>> {
         loop {
             let revisions = self.inner.published.revisions();
-            let revision =
-                resolve_read_revision(req.revision, revisions.current, revisions.compact)?;
-            if req.revision <= 0
-                && let Some(answer) = self.range_applied(req, revisions.current).await?
-            {
+            if let Some(answer) = self.range_applied(req, revisions).await? {
                 return Ok(answer);
             }
+            let revision =
+                resolve_read_revision(req.revision, revisions.current, revisions.compact)?;
             self.inner.reads_from_sql.fetch_add(1, Ordering::Relaxed);
             let mut tx = self.inner.backend.read_unpinned().await?;
             let value = read_range(tx.as_mut(), req, revisions.current, revisions.compact).await?;
@@ -542,19 +540,24 @@ impl Store {
         }
     }
 
-    /// A read of the current revision answered by the applied index once it has reached
-    /// `current`; `None` where SQL must answer instead: the index is not serving, lags too
-    /// long, or a value it lacked has been compacted away since.
+    /// A read answered by the applied index, given the revisions as of some moment after the
+    /// read arrived: a read of the current revision once the index has reached it, and a read
+    /// at a given revision if the index is at exactly that one. `None` where SQL must answer:
+    /// the index is not serving, lags too long or has moved past the revision, or a value it
+    /// lacked has been compacted away since.
     async fn range_applied(
         &self,
         req: &RangeRequest,
-        current: i64,
+        revisions: Revisions,
     ) -> Result<Option<Revisioned<RangeResponse>>> {
+        let revision = resolve_read_revision(req.revision, revisions.current, revisions.compact)?;
         let applied = &self.inner.applied;
-        if !applied.serving() || !applied.reached(current, APPLIED_WAIT).await {
+        if !applied.serving() || !applied.reached(revision, APPLIED_WAIT).await {
             return Ok(None);
         }
-        let answer = match self.range_from_memory(req) {
+        let pinned = (req.revision > 0).then_some(revision);
+        let mut answer = match self.range_from_memory(req, pinned) {
+            Memory::Elsewhere => return Ok(None),
             Memory::Answer(answer) => answer,
             Memory::Partial {
                 revision,
@@ -590,15 +593,20 @@ impl Store {
                 }
             }
         };
+        // The header tells the current revision, as etcd's does, even of a read at an older one.
+        answer.revision = answer.revision.max(revisions.current);
         self.inner.reads_from_memory.fetch_add(1, Ordering::Relaxed);
         Ok(Some(answer))
     }
 
-    /// What the applied index holds of a read of the current revision: the whole answer, or
-    /// the keys with the values it has.
-    fn range_from_memory(&self, req: &RangeRequest) -> Memory {
+    /// What the applied index holds of a read of the current revision, or of revision `pinned`:
+    /// the whole answer, or the keys with the values it has.
+    fn range_from_memory(&self, req: &RangeRequest, pinned: Option<i64>) -> Memory {
         let view = self.inner.applied.view();
         let revision = view.revision();
+        if pinned.is_some_and(|pinned| pinned != revision) {
+            return Memory::Elsewhere;
+        }
         if req.count_only {
             let count = view.count(&req.range);
             return Memory::Answer(Revisioned {
