@@ -270,10 +270,20 @@ async fn measure(
     config.listen_client_urls = vec!["http://127.0.0.1:0".into()];
     config.advertise_client_urls = Vec::new();
     config.endpoint = endpoint.to_owned();
+    let before = resident_mib();
     let shutdown = CancellationToken::new();
     let running = etcdsql::start(config, shutdown.clone()).await?;
     let url = format!("http://{}", running.local_addrs[0]);
     let client = Client::connect([url.as_str()], None).await?;
+    // The server runs in this process: what it added is its index of the keys (no values yet:
+    // reads fill them in).
+    let loaded = resident_mib();
+    println!(
+        "resident memory: {before:.0} MiB before the server started, {loaded:.0} MiB once it \
+         had loaded its index of {} keys: {:.0} bytes per key\n",
+        fixture.keys,
+        (loaded - before) * 1048576.0 / fixture.keys as f64
+    );
 
     let keys = fixture.keys;
     let middle = Fixture::key(keys / 2);
@@ -348,6 +358,11 @@ async fn measure(
         }
     };
     reads(0, "current").await?;
+    println!(
+        "\nresident memory after these reads (which fill the values they read into memory): \
+         {:.0} MiB",
+        resident_mib()
+    );
 
     // The same write load without compaction first, as the yardstick for the phase with it.
     let quiet = Duration::from_secs(write_seconds.div_ceil(4));
@@ -533,6 +548,17 @@ fn print_latency(what: &str, micros: &Histogram<u64>) {
         micros.value_at_quantile(0.99) as f64 / 1000.0,
         micros.max() as f64 / 1000.0,
     );
+}
+
+/// This process's resident memory (`VmRSS`), in MiB; 0 where `/proc` cannot tell.
+fn resident_mib() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+            line.split_whitespace().nth(1)?.parse::<f64>().ok()
+        })
+        .map_or(0.0, |kib| kib / 1024.0)
 }
 
 fn expect(ok: bool, what: &str) -> Result<(), Error> {

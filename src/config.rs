@@ -71,6 +71,12 @@ pub struct Config {
     #[arg(long, env = "ETCDSQL_READ_CACHE_BYTES", default_value_t = 268_435_456)]
     pub read_cache_bytes: usize,
 
+    /// How many recent changes the in-memory index can undo, so that reads at a revision it has
+    /// passed (the later pages of a list, while writes go on) are answered from memory too;
+    /// older revisions are read from the database. 0 reads them all from the database.
+    #[arg(long, env = "ETCDSQL_READ_HISTORY_CHANGES", default_value_t = 16_384)]
+    pub read_history_changes: usize,
+
     /// Most operations (compares, or ops per branch) one txn may hold.
     #[arg(long, env = "ETCDSQL_MAX_TXN_OPS", default_value_t = 128)]
     pub max_txn_ops: usize,

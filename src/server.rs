@@ -115,6 +115,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Runnin
     let store_shutdown = CancellationToken::new();
     let options = StoreOptions {
         read_cache_bytes: config.read_cache_bytes,
+        read_history_changes: config.read_history_changes,
     };
     let store = Store::start(backend.clone(), options, &tasks, store_shutdown.clone()).await?;
     store.observe_commits(metrics.commit_observer());

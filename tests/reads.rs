@@ -1,8 +1,9 @@
 //! Reads of the current revision, which the server takes from its applied index in memory
-//! (values it lacks by primary key), against the same reads made at the revision they reported,
-//! which take the SQL path: both must answer alike, while puts, deletes, expiring leases and
-//! compaction run beside them. Once with room for every value, once with room for a few, so
-//! that most values are evicted and read back by primary key.
+//! (values it lacks by primary key), against the same reads made at the revision they reported
+//! once the index has moved past it: both must answer alike, while puts, deletes, expiring
+//! leases and compaction run beside them. Without history in memory those later reads take the
+//! SQL path, once with room for every value and once with room for a few (so that most values
+//! are evicted and read back by primary key); with history they are answered from memory too.
 
 mod common;
 
@@ -141,21 +142,29 @@ async fn compact(mut c: Client, stop: Arc<AtomicBool>) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn reads_of_the_current_revision_equal_reads_at_their_revision() {
-    compare_reads(None).await;
+    compare_reads(None, 0).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn reads_equal_with_most_values_evicted() {
     // Some ten of the forty keys' values ("s/step" and the per-value overhead).
-    compare_reads(Some(256)).await;
+    compare_reads(Some(256), 0).await;
 }
 
-async fn compare_reads(read_cache_bytes: Option<usize>) {
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn reads_at_past_revisions_from_memory_equal_the_reads_of_then() {
+    compare_reads(None, 16_384).await;
+}
+
+/// Compares as the module says; `history` is the changes the index can undo (0: none, so the
+/// reads at past revisions are SQL's).
+async fn compare_reads(read_cache_bytes: Option<usize>, history: usize) {
     let dir = tempfile::tempdir().unwrap();
     let server = TestServer::start_with(dir.path(), |config| {
         if let Some(bytes) = read_cache_bytes {
             config.read_cache_bytes = bytes;
         }
+        config.read_history_changes = history;
     })
     .await;
     let stop = Arc::new(AtomicBool::new(false));
@@ -175,8 +184,7 @@ async fn compare_reads(read_cache_bytes: Option<usize>) {
         for (what, k, options) in shapes() {
             let now = c.get(k.as_str(), Some(options.clone())).await.unwrap();
             let revision = now.header().expect("a header").revision();
-            // The index moves past `revision`, so the read at it is SQL's (a read at the
-            // revision the index is at would come from memory too).
+            // The index moves past `revision`, so the read at it is SQL's, or the history's.
             c.put("bump", "", None).await.unwrap();
             let then = match c
                 .get(k.as_str(), Some(options.with_revision(revision)))
@@ -213,13 +221,19 @@ async fn compare_reads(read_cache_bytes: Option<usize>) {
         "too few reads compared ({compared}; {compacted} compacted meanwhile)"
     );
 
-    let (memory, _) = read_sources(&server).await;
-    {
-        // Reads of the current revision come from memory (bar one whose missing value was
-        // compacted away meanwhile): the comparison above was not SQL against SQL.
+    // Reads of the current revision come from memory (bar one whose missing value was
+    // compacted away meanwhile), so the comparison was not SQL against SQL; with history, so
+    // do the reads at past revisions (bar those that compaction overtook).
+    let (memory, sql) = read_sources(&server).await;
+    let share = if history == 0 { 0.9 } else { 1.8 };
+    assert!(
+        memory >= compared as f64 * share,
+        "only {memory} reads came from memory of {compared} compared ({sql} from SQL)"
+    );
+    if history == 0 {
         assert!(
-            memory >= compared as f64 * 0.9,
-            "only {memory} reads came from memory of {compared} compared"
+            sql >= compared as f64 * 0.9,
+            "only {sql} reads at past revisions came from SQL of {compared}"
         );
     }
     server.stop().await;
@@ -244,12 +258,17 @@ async fn read_sources(server: &TestServer) -> (f64, f64) {
     (series("memory"), series("sql"))
 }
 
-/// The pages after a list's first are read at its revision: memory answers them while nothing
-/// was written since, SQL once something was; either way as etcd does, compaction included.
+/// The pages after a list's first are read at its revision: memory answers them while the
+/// index has the history back to it, SQL once it has not; either way as etcd does, compaction
+/// included.
 #[tokio::test]
-async fn reads_at_the_index_revision_come_from_memory() {
+async fn reads_at_past_revisions_come_from_memory_within_the_history() {
+    const HISTORY: usize = 20;
     let dir = tempfile::tempdir().unwrap();
-    let server = TestServer::start(dir.path()).await;
+    let server = TestServer::start_with(dir.path(), |config| {
+        config.read_history_changes = HISTORY;
+    })
+    .await;
     let mut c = server.client().await;
     for i in 0..10 {
         c.put(key(i), format!("v{i}"), None).await.unwrap();
@@ -268,22 +287,38 @@ async fn reads_at_the_index_revision_come_from_memory() {
     assert_eq!(again.header().expect("a header").revision(), revision);
     assert_eq!(read_sources(&server).await, (memory + 2.0, sql));
 
-    // Once the index has moved on, SQL answers the same, with the current revision in the header.
+    // After a change, a delete and a creation the history puts them back, and the header
+    // tells the current revision.
     c.put(key(0), "changed", None).await.unwrap();
+    c.delete(key(1), None).await.unwrap();
+    c.put(key(2) + "a", "new", None).await.unwrap();
     let later = c
         .get("d/", Some(page().with_revision(revision)))
         .await
         .unwrap();
     assert_eq!(summary(&later), summary(&first));
-    assert_eq!(later.header().expect("a header").revision(), revision + 1);
-    assert_eq!(read_sources(&server).await, (memory + 3.0, sql + 1.0));
+    assert_eq!(later.header().expect("a header").revision(), revision + 3);
+    assert_eq!(read_sources(&server).await, (memory + 4.0, sql));
 
-    // At the index's revision again, a compacted one and a future one: etcd's answers.
+    // Once the index has forgotten the changes since, SQL answers the same.
+    for i in 0..HISTORY {
+        c.put(key(3), format!("again {i}"), None).await.unwrap();
+    }
+    let forgotten = c
+        .get("d/", Some(page().with_revision(revision)))
+        .await
+        .unwrap();
+    assert_eq!(summary(&forgotten), summary(&first));
+    assert_eq!(read_sources(&server).await, (memory + 5.0, sql + 1.0));
+
+    // At a recent revision, a compacted one and a future one: etcd's answers.
+    let current = common::current_revision(&mut c).await;
     let now = c.get(key(0), None).await.unwrap();
     assert_eq!(now.kvs()[0].value(), b"changed");
-    c.compact(revision + 1, None).await.unwrap();
+    c.put(key(0), "after", None).await.unwrap();
+    c.compact(current, None).await.unwrap();
     let pinned = c
-        .get(key(0), Some(GetOptions::new().with_revision(revision + 1)))
+        .get(key(0), Some(GetOptions::new().with_revision(current)))
         .await
         .unwrap();
     assert_eq!(summary(&pinned), summary(&now));
@@ -300,7 +335,7 @@ async fn reads_at_the_index_revision_come_from_memory() {
         )
     );
     let future = status(
-        c.get(key(0), Some(GetOptions::new().with_revision(revision + 9)))
+        c.get(key(0), Some(GetOptions::new().with_revision(current + 9)))
             .await
             .unwrap_err(),
     );

@@ -18,6 +18,10 @@
 //! - **Bounded values.** Values held stay within the budget, apart from the ones just taken in:
 //!   each apply or fill evicts (a clock sweep over the keys, sparing once each value read since
 //!   the hand last passed) until the total is back within it. Metadata is never evicted.
+//! - **A window of history.** The index keeps the state each of its most recent changes
+//!   replaced (bounded in number and in the bytes of values they keep), so a read at a revision
+//!   R it has passed undoes the changes after R: R must be at or above the floor, the newest
+//!   revision of a change it has forgotten; below it, [`View::at`] answers nothing.
 //! - **Only durable revisions.** Its publishers hand over a batch only once it is durable, and
 //!   after the store published its revisions; so the index's revision is never above the store's
 //!   published current revision, and a read served at it never shows what a later read could
@@ -28,6 +32,9 @@
 //!   store then never serves from it. If it ever sees a gap, it stops serving reads for good
 //!   (logged): an index that might be wrong is never read.
 
+use std::cmp::Ordering as KeyOrder;
+use std::collections::{BTreeMap, VecDeque};
+use std::iter::Peekable;
 use std::ops::Bound;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
@@ -42,6 +49,9 @@ use super::types::{KeyRange, KeyValue};
 
 /// Bytes counted for a held value beyond its own length (the shared allocation's header).
 const VALUE_OVERHEAD: usize = 16;
+/// The share of the value budget the history's values may hold (they are old versions, kept
+/// beside the budget's current ones).
+const HISTORY_SHARE: usize = 4;
 
 /// A handle to the applied index; cheap to clone.
 #[derive(Clone)]
@@ -104,6 +114,36 @@ fn rank(keys: &Keys, bound: &[u8]) -> usize {
     }
 }
 
+/// One version of a key as the index knew it.
+struct Version {
+    meta: KeyMeta,
+    value: Option<Arc<[u8]>>,
+}
+
+/// A change, with the version it replaced (`None`: the key did not exist).
+struct Change {
+    revision: i64,
+    key: Vec<u8>,
+    before: Option<Version>,
+}
+
+/// A key as a read sees it: its metadata, and its value if the index holds it.
+pub(crate) struct Item<'a> {
+    pub key: &'a [u8],
+    pub meta: KeyMeta,
+    pub value: Option<&'a Arc<[u8]>>,
+}
+
+impl<'a> Item<'a> {
+    fn now(key: &'a Vec<u8>, entry: &'a Entry) -> Self {
+        Item {
+            key,
+            meta: entry.meta,
+            value: entry.value(),
+        }
+    }
+}
+
 struct State {
     keys: Keys,
     /// What the held values cost, by [`cost`].
@@ -111,9 +151,46 @@ struct State {
     budget: usize,
     /// The key the clock hand stopped at; the next sweep starts after it (`None`: at the start).
     hand: Option<Vec<u8>>,
+    /// The most recent changes, in revision order.
+    history: VecDeque<Change>,
+    /// What the values `history` keeps cost.
+    history_bytes: usize,
+    history_limit: usize,
+    /// The oldest revision reads can be taken back to: every change after it is in `history`.
+    floor: i64,
 }
 
 impl State {
+    /// Records that `key` changes at `revision`, with the version it has until then.
+    fn remember(&mut self, revision: i64, key: &[u8]) {
+        let before = self.keys.get(key).map(|entry| Version {
+            meta: entry.meta,
+            value: entry.value.clone(),
+        });
+        if let Some(value) = before.as_ref().and_then(|v| v.value.as_ref()) {
+            self.history_bytes += cost(value);
+        }
+        self.history.push_back(Change {
+            revision,
+            key: key.to_vec(),
+            before,
+        });
+    }
+
+    /// Forgets the oldest changes beyond the history's bounds, raising the floor past them.
+    fn trim_history(&mut self) {
+        let byte_limit = self.budget / HISTORY_SHARE;
+        while self.history.len() > self.history_limit || self.history_bytes > byte_limit {
+            let Some(change) = self.history.pop_front() else {
+                break;
+            };
+            if let Some(value) = change.before.as_ref().and_then(|v| v.value.as_ref()) {
+                self.history_bytes -= cost(value);
+            }
+            self.floor = self.floor.max(change.revision);
+        }
+    }
+
     fn set(&mut self, key: Vec<u8>, entry: Entry) {
         if let Some(value) = &entry.value {
             self.value_bytes += cost(value);
@@ -148,6 +225,7 @@ impl State {
             value_bytes,
             budget,
             hand,
+            ..
         } = self;
         // A turn that drops nothing clears the references it passes; after a partial turn and
         // a whole one, a third finds a value to drop unless none is held.
@@ -187,12 +265,14 @@ pub(crate) struct View<'a> {
 
 impl Applied {
     /// An index of the live keys among `heads` (the newest row of every key) at `revision`,
-    /// holding values of up to `value_budget` bytes in all. The heads' values are not held:
-    /// reads fill them in as they need them.
+    /// holding values of up to `value_budget` bytes in all, and the prior state of up to
+    /// `history` recent changes. The heads' values are not held: reads fill them in as they
+    /// need them.
     pub(crate) fn load<'a>(
         heads: impl IntoIterator<Item = &'a LogRow>,
         revision: i64,
         value_budget: usize,
+        history: usize,
     ) -> Self {
         let keys = heads
             .into_iter()
@@ -207,6 +287,10 @@ impl Applied {
                     value_bytes: 0,
                     budget: value_budget,
                     hand: None,
+                    history: VecDeque::new(),
+                    history_bytes: 0,
+                    history_limit: history,
+                    floor: revision,
                 }),
                 revision: revision_tx,
                 fed: AtomicBool::new(false),
@@ -259,6 +343,7 @@ impl Applied {
             return false;
         }
         for (kv, deleted) in changes {
+            state.remember(kv.mod_revision, &kv.key);
             if deleted {
                 state.remove(&kv.key);
                 continue;
@@ -275,6 +360,7 @@ impl Applied {
                 .then(|| Arc::from(kv.value.as_slice()));
             state.set(kv.key.clone(), Entry::new(meta, value));
         }
+        state.trim_history();
         state.evict();
         // Under the write lock, so a view's revision is always its state's, and announcements
         // never run backward.
@@ -329,6 +415,11 @@ impl Applied {
         }
     }
 
+    /// The oldest revision reads can be answered at (see [`View::at`]).
+    pub(crate) fn floor(&self) -> i64 {
+        self.view().state.floor
+    }
+
     /// How many keys the index holds, and what their held values cost in bytes.
     pub fn size(&self) -> (usize, usize) {
         let view = self.view();
@@ -342,10 +433,7 @@ impl View<'_> {
     }
 
     /// The live keys of `range`, in key order.
-    pub fn range<'a>(
-        &'a self,
-        range: &'a KeyRange,
-    ) -> Box<dyn Iterator<Item = (&'a Vec<u8>, &'a Entry)> + 'a> {
+    pub fn range<'a>(&'a self, range: &'a KeyRange) -> Live<'a> {
         let keys = &self.state.keys;
         let start = Bound::Included(range.key.as_slice());
         match &range.end {
@@ -359,6 +447,41 @@ impl View<'_> {
         }
     }
 
+    /// The keys `range` held at `revision` (at or below the view's): how many, and each key's
+    /// version then, in key order. `None` if `revision` is below the floor or above the view.
+    pub fn at<'a>(
+        &'a self,
+        range: &'a KeyRange,
+        revision: i64,
+    ) -> Option<(i64, Box<dyn Iterator<Item = Item<'a>> + 'a>)> {
+        if revision == self.revision {
+            let items = self.range(range).map(|(key, entry)| Item::now(key, entry));
+            return Some((self.count(range), Box::new(items)));
+        }
+        if revision < self.state.floor || revision > self.revision {
+            return None;
+        }
+        let history = &self.state.history;
+        let later = history.partition_point(|change| change.revision <= revision);
+        // Each key changed since: its version then is what its first later change replaced.
+        let mut then: BTreeMap<&[u8], Option<&Version>> = BTreeMap::new();
+        for change in history.range(later..) {
+            if range.contains(&change.key) {
+                then.entry(change.key.as_slice())
+                    .or_insert(change.before.as_ref());
+            }
+        }
+        let mut count = self.count(range);
+        for (key, version) in &then {
+            count += i64::from(version.is_some()) - i64::from(self.state.keys.contains_key(*key));
+        }
+        let items = Undone {
+            now: self.range(range).peekable(),
+            then: then.into_iter().peekable(),
+        };
+        Some((count, Box::new(items)))
+    }
+
     /// How many live keys `range` holds, without visiting them.
     pub fn count(&self, range: &KeyRange) -> i64 {
         let keys = &self.state.keys;
@@ -369,6 +492,50 @@ impl View<'_> {
             RangeEnd::Before(end) => rank(keys, end) - rank(keys, &range.key),
         };
         n as i64
+    }
+}
+
+/// The live keys of a range, in key order.
+type Live<'a> = Box<dyn Iterator<Item = (&'a Vec<u8>, &'a Entry)> + 'a>;
+
+/// The keys of a range now, with the keys changed since some revision put back as they were.
+struct Undone<'a> {
+    now: Peekable<Live<'a>>,
+    then: Peekable<std::collections::btree_map::IntoIter<&'a [u8], Option<&'a Version>>>,
+}
+
+impl<'a> Iterator for Undone<'a> {
+    type Item = Item<'a>;
+
+    fn next(&mut self) -> Option<Item<'a>> {
+        loop {
+            let order = match (self.now.peek(), self.then.peek()) {
+                (None, None) => return None,
+                (Some(_), None) => KeyOrder::Less,
+                (None, Some(_)) => KeyOrder::Greater,
+                (Some((now, _)), Some((then, _))) => now.as_slice().cmp(*then),
+            };
+            match order {
+                KeyOrder::Less => {
+                    let (key, entry) = self.now.next()?;
+                    return Some(Item::now(key, entry));
+                }
+                // Changed since: its version then replaces the one now.
+                KeyOrder::Equal => {
+                    self.now.next();
+                }
+                KeyOrder::Greater => {}
+            }
+            let (key, version) = self.then.next()?;
+            if let Some(version) = version {
+                return Some(Item {
+                    key,
+                    meta: version.meta,
+                    value: version.value.as_ref(),
+                });
+            }
+            // Absent then (created since): nothing to yield.
+        }
     }
 }
 
@@ -418,7 +585,7 @@ mod tests {
 
     #[test]
     fn applies_whole_revisions_in_order_only() {
-        let applied = Applied::load(&[row("a", 2, false), row("b", 3, true)], 3, 0);
+        let applied = Applied::load(&[row("a", 2, false), row("b", 3, true)], 3, 0, 100);
         let all = KeyRange::from_etcd(b"a".to_vec(), vec![0]);
         assert_eq!(keys(&applied, &all), ["a"]);
         applied.feed();
@@ -452,6 +619,7 @@ mod tests {
             ],
             4,
             0,
+            100,
         );
         let view = applied.view();
         assert_eq!(
@@ -483,7 +651,7 @@ mod tests {
 
     #[tokio::test]
     async fn readers_wait_for_their_revision() {
-        let applied = Applied::load(&[], 1, 0);
+        let applied = Applied::load(&[], 1, 0, 100);
         let short = std::time::Duration::from_millis(20);
         assert!(applied.reached(1, short).await);
         assert!(!applied.reached(2, short).await);
@@ -526,7 +694,7 @@ mod tests {
     #[test]
     fn values_follow_their_rows_within_the_budget() {
         // Room for two 4-byte values.
-        let applied = Applied::load(&[], 1, 2 * cost(b"aaaa"));
+        let applied = Applied::load(&[], 1, 2 * cost(b"aaaa"), 100);
         assert!(apply(
             &applied,
             1,
@@ -571,7 +739,7 @@ mod tests {
 
     #[test]
     fn a_value_read_since_the_hand_passed_is_spared_once() {
-        let applied = Applied::load(&[], 1, 2 * cost(b"aaaa"));
+        let applied = Applied::load(&[], 1, 2 * cost(b"aaaa"), 100);
         assert!(apply(
             &applied,
             1,
@@ -597,6 +765,7 @@ mod tests {
             &[row("a", 2, false), row("b", 3, false), row("c", 4, false)],
             4,
             1 << 20,
+            100,
         );
         assert_eq!(
             values(&applied),
@@ -616,7 +785,7 @@ mod tests {
     }
 
     #[test]
-    fn counts_equal_the_keys_a_range_visits() {
+    fn counts_and_past_revisions_match_a_model() {
         use rand::{Rng, SeedableRng};
         let mut rng = rand::rngs::StdRng::seed_from_u64(7);
         let name = |rng: &mut rand::rngs::StdRng| {
@@ -625,18 +794,31 @@ mod tests {
                 .map(|_| rng.random_range(b'a'..=b'e'))
                 .collect::<Vec<u8>>()
         };
-        let applied = Applied::load(&[], 1, 0);
+        let applied = Applied::load(&[], 1, 1 << 20, 300);
+        // The live keys with their mod revisions: `model[r - 1]` is revision r.
+        let mut model: Vec<BTreeMap<Vec<u8>, i64>> = vec![BTreeMap::new()];
+        let mut answered_in_the_past = 0;
         for revision in 1..2000 {
-            let key = String::from_utf8(name(&mut rng)).expect("ascii");
+            let key = name(&mut rng);
             let deleted = rng.random_range(0..3) == 0;
+            let text = String::from_utf8(key.clone()).expect("ascii");
             assert!(apply(
                 &applied,
                 revision,
                 revision + 1,
-                &[row(&key, revision + 1, deleted)]
+                &[put(&text, revision + 1, deleted, "v")]
             ));
+            let mut next = model.last().expect("a first revision").clone();
+            if deleted {
+                next.remove(&key);
+            } else {
+                next.insert(key, revision + 1);
+            }
+            model.push(next);
+
             let view = applied.view();
             let (from, to) = (name(&mut rng), name(&mut rng));
+            let past = rng.random_range(1..=revision + 1);
             for range in [
                 KeyRange::from_etcd(from.clone(), to.clone()),
                 KeyRange::from_etcd(from.clone(), vec![0]),
@@ -647,7 +829,26 @@ mod tests {
                     view.range(&range).count() as i64,
                     "{range:?}"
                 );
+                let expected: Vec<(Vec<u8>, i64)> = model[(past - 1) as usize]
+                    .iter()
+                    .filter(|(k, _)| range.contains(k))
+                    .map(|(k, r)| (k.clone(), *r))
+                    .collect();
+                match view.at(&range, past) {
+                    Some((count, items)) => {
+                        let got: Vec<(Vec<u8>, i64)> = items
+                            .map(|item| (item.key.to_vec(), item.meta.mod_revision))
+                            .collect();
+                        assert_eq!(got, expected, "{range:?} at {past} of {}", revision + 1);
+                        assert_eq!(count, expected.len() as i64, "{range:?} at {past}");
+                        answered_in_the_past += usize::from(past <= revision);
+                    }
+                    None => assert!(past < view.state.floor, "{past} is above the floor"),
+                }
             }
         }
+        // The window moved on: the floor rose, and reads above it were answered.
+        assert!(applied.floor() > 1500, "floor {}", applied.floor());
+        assert!(answered_in_the_past > 100, "{answered_in_the_past}");
     }
 }

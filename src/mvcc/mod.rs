@@ -58,10 +58,12 @@
 //! published revision, so no later read can see less. Keys, metadata and counts come from
 //! memory; values too, where the index holds them within its budget, and the rest are read by
 //! primary key, `(key, mod_revision)`, in one statement per read. Should compaction have removed
-//! such a row meanwhile, the read falls back to SQL at the current revision. On a shared database
-//! (PostgreSQL) a read first learns the cluster's current revision with one round trip that
-//! concurrent reads share ([`probe`]), then waits for the index to reach it. Reads of older
-//! revisions use SQL alone.
+//! such a row meanwhile, the read falls back to SQL at the current revision. A read at a given
+//! revision P waits until the index has reached P too, and is answered from it if the index
+//! still has the history back to P (it undoes the changes after P); reads of older revisions
+//! use SQL alone. On a shared database (PostgreSQL) a read first learns the cluster's current
+//! and compact revisions with one round trip that concurrent reads share ([`probe`]), then
+//! waits for the index to reach the revision it reads.
 //!
 //! # Compaction
 //! `Compact(C)` records C as the compact revision in the writer's transaction; from then on
@@ -222,12 +224,16 @@ pub struct StoreOptions {
     /// The most bytes of values the applied index holds for reads; 0 holds none, and every
     /// read with values reads them by primary key.
     pub read_cache_bytes: usize,
+    /// How many recent changes the applied index can undo, to answer reads at revisions it has
+    /// passed; 0 sends every such read to SQL.
+    pub read_history_changes: usize,
 }
 
 impl Default for StoreOptions {
     fn default() -> Self {
         Self {
             read_cache_bytes: 256 << 20,
+            read_history_changes: 16_384,
         }
     }
 }
@@ -354,7 +360,12 @@ impl Store {
             let mut snapshot = backend.read().await?;
             let start = snapshot.revisions().await?;
             let heads = snapshot.heads().await?;
-            let applied = Applied::load(&heads, start.current, options.read_cache_bytes);
+            let applied = Applied::load(
+                &heads,
+                start.current,
+                options.read_cache_bytes,
+                options.read_history_changes,
+            );
             (start, KeyIndex::load(heads, start.current), applied)
         };
         let compact_revision = start.compact;
@@ -488,8 +499,9 @@ impl Store {
             return self.range_unpinned(req).await;
         }
         let applied = &self.inner.applied;
-        // A revision the index has passed is SQL's to read: no round trip is spent on it.
-        if applied.serving() && (req.revision <= 0 || req.revision >= applied.revision()) {
+        // A revision older than the index's history is SQL's to read: no round trip is spent
+        // on it.
+        if applied.serving() && (req.revision <= 0 || req.revision >= applied.floor()) {
             // One shared round trip for the cluster's revisions; the rest comes from memory.
             let revisions = self.inner.probe.revisions(&self.inner.backend).await?;
             let current = revisions.current;
@@ -542,9 +554,9 @@ impl Store {
 
     /// A read answered by the applied index, given the revisions as of some moment after the
     /// read arrived: a read of the current revision once the index has reached it, and a read
-    /// at a given revision if the index is at exactly that one. `None` where SQL must answer:
-    /// the index is not serving, lags too long or has moved past the revision, or a value it
-    /// lacked has been compacted away since.
+    /// at a given revision once the index has reached it, if it still has the history back to
+    /// it. `None` where SQL must answer: the index is not serving, lags too long or has moved
+    /// too far past the revision, or a value it lacked has been compacted away since.
     async fn range_applied(
         &self,
         req: &RangeRequest,
@@ -599,16 +611,16 @@ impl Store {
         Ok(Some(answer))
     }
 
-    /// What the applied index holds of a read of the current revision, or of revision `pinned`:
-    /// the whole answer, or the keys with the values it has.
+    /// What the applied index holds of a read of the current revision, or of revision `pinned`
+    /// (within the index's window of history): the whole answer, or the keys with the values it
+    /// has.
     fn range_from_memory(&self, req: &RangeRequest, pinned: Option<i64>) -> Memory {
         let view = self.inner.applied.view();
         let revision = view.revision();
-        if pinned.is_some_and(|pinned| pinned != revision) {
+        let Some((count, items)) = view.at(&req.range, pinned.unwrap_or(revision)) else {
             return Memory::Elsewhere;
-        }
+        };
         if req.count_only {
-            let count = view.count(&req.range);
             return Memory::Answer(Revisioned {
                 revision,
                 value: RangeResponse {
@@ -619,16 +631,12 @@ impl Store {
         }
         let with_values = needs_values(req);
         let take = fetch_limit(req).map_or(usize::MAX, |limit| limit as usize);
-        let mut count = 0;
         let mut kvs = Vec::new();
         let mut values = Vec::new();
-        for (key, entry) in view.range(&req.range) {
-            count += 1;
-            if kvs.len() < take {
-                kvs.push(entry.meta.to_kv(key, Vec::new()));
-                if with_values {
-                    values.push(entry.value().cloned());
-                }
+        for item in items.take(take) {
+            kvs.push(item.meta.to_kv(item.key, Vec::new()));
+            if with_values {
+                values.push(item.value.cloned());
             }
         }
         drop(view);
