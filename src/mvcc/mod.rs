@@ -290,9 +290,16 @@ fn needs_values(req: &RangeRequest) -> bool {
     !req.count_only && (!req.keys_only || matches!(req.sort, Some((types::SortTarget::Value, _))))
 }
 
+/// Gives each key its value (an absent one, of a read that needs none, stays empty).
+fn set_values(kvs: &mut [KeyValue], values: Vec<Option<Arc<[u8]>>>) {
+    for (kv, value) in kvs.iter_mut().zip(values) {
+        kv.value = value.map(|v| v.to_vec()).unwrap_or_default();
+    }
+}
+
 /// What a read got from the applied index.
 enum Memory {
-    /// Nothing: the index is at another revision than the one asked for.
+    /// Nothing: the index no longer has the history back to the revision asked for.
     Elsewhere,
     /// The whole answer, at the index's revision.
     Answer(Revisioned<RangeResponse>),
@@ -596,9 +603,7 @@ impl Store {
                 for (i, value) in wanted.into_iter().zip(found) {
                     values[i] = Some(value);
                 }
-                for (kv, value) in kvs.iter_mut().zip(values) {
-                    kv.value = value.map(|v| v.to_vec()).unwrap_or_default();
-                }
+                set_values(&mut kvs, values);
                 Revisioned {
                     revision,
                     value: finish_range(req, kvs, count),
@@ -648,9 +653,7 @@ impl Store {
                 values,
             };
         }
-        for (kv, value) in kvs.iter_mut().zip(values) {
-            kv.value = value.map(|v| v.to_vec()).unwrap_or_default();
-        }
+        set_values(&mut kvs, values);
         Memory::Answer(Revisioned {
             revision,
             value: finish_range(req, kvs, count),

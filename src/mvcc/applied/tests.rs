@@ -1,0 +1,313 @@
+//! The applied index's own rules: whole revisions in order, counts, values within the budget,
+//! fills, and reads at past revisions against a model.
+
+use super::*;
+
+fn row(key: &str, revision: i64, deleted: bool) -> LogRow {
+    put(key, revision, deleted, "")
+}
+
+fn put(key: &str, revision: i64, deleted: bool, value: &str) -> LogRow {
+    LogRow {
+        revision,
+        sub: 0,
+        key: key.as_bytes().to_vec(),
+        created: !deleted,
+        deleted,
+        create_revision: revision,
+        prev_revision: 0,
+        version: 1,
+        lease: 0,
+        value: value.as_bytes().to_vec(),
+        old_value: None,
+        old_lease: 0,
+    }
+}
+
+fn apply(applied: &Applied, after: i64, through: i64, rows: &[LogRow]) -> bool {
+    let kvs: Vec<_> = rows
+        .iter()
+        .map(|row| (KeyValue::from_row(row.clone()), row.deleted))
+        .collect();
+    applied.apply(
+        after,
+        through,
+        kvs.iter().map(|(kv, deleted)| (kv, *deleted)),
+    )
+}
+
+fn keys(applied: &Applied, range: &KeyRange) -> Vec<String> {
+    let view = applied.view();
+    view.range(range)
+        .map(|(key, _)| String::from_utf8_lossy(key).into_owned())
+        .collect()
+}
+
+#[test]
+fn applies_whole_revisions_in_order_only() {
+    let applied = Applied::load(&[row("a", 2, false), row("b", 3, true)], 3, 0, 100);
+    let all = KeyRange::from_etcd(b"a".to_vec(), vec![0]);
+    assert_eq!(keys(&applied, &all), ["a"]);
+    applied.feed();
+    assert!(applied.serving());
+
+    assert!(apply(
+        &applied,
+        3,
+        5,
+        &[row("b", 4, false), row("a", 5, true)]
+    ));
+    assert_eq!(keys(&applied, &all), ["b"]);
+    assert_eq!(applied.revision(), 5);
+    // A range already applied is refused and changes nothing.
+    assert!(!apply(&applied, 3, 5, &[row("c", 4, false)]));
+    assert_eq!(keys(&applied, &all), ["b"]);
+    assert!(applied.serving());
+    // A gap is refused, and the index stops serving.
+    assert!(!apply(&applied, 6, 7, &[row("c", 7, false)]));
+    assert_eq!(applied.revision(), 5);
+    assert!(!applied.serving());
+}
+
+#[test]
+fn counts_ranges() {
+    let applied = Applied::load(
+        &[
+            row("a/1", 2, false),
+            row("a/2", 3, false),
+            row("b", 4, false),
+        ],
+        4,
+        0,
+        100,
+    );
+    let view = applied.view();
+    assert_eq!(
+        view.count(&KeyRange::from_etcd(b"a/".to_vec(), b"a0".to_vec())),
+        2
+    );
+    assert_eq!(view.count(&KeyRange::single(b"b".to_vec())), 1);
+    assert_eq!(view.count(&KeyRange::single(b"c".to_vec())), 0);
+    // Bounds that are not keys themselves, on both sides.
+    assert_eq!(
+        view.count(&KeyRange::from_etcd(b"a".to_vec(), b"a/2".to_vec())),
+        1
+    );
+    assert_eq!(
+        view.count(&KeyRange::from_etcd(b"a/1\0".to_vec(), vec![0])),
+        2
+    );
+    assert_eq!(view.count(&KeyRange::from_etcd(b"c".to_vec(), vec![0])), 0);
+    assert_eq!(
+        view.count(&KeyRange::from_etcd(b"\0".to_vec(), b"zz".to_vec())),
+        3
+    );
+    assert_eq!(
+        view.count(&KeyRange::from_etcd(b"b".to_vec(), b"a".to_vec())),
+        0
+    );
+    assert_eq!(view.revision(), 4);
+}
+
+#[tokio::test]
+async fn readers_wait_for_their_revision() {
+    let applied = Applied::load(&[], 1, 0, 100);
+    let short = std::time::Duration::from_millis(20);
+    assert!(applied.reached(1, short).await);
+    assert!(!applied.reached(2, short).await);
+    let later = applied.clone();
+    let waiter =
+        tokio::spawn(async move { later.reached(3, std::time::Duration::from_secs(30)).await });
+    assert!(apply(
+        &applied,
+        1,
+        3,
+        &[row("k", 2, false), row("k", 3, false)]
+    ));
+    assert!(waiter.await.expect("the waiter runs"));
+}
+
+/// The held value of every key, `None` where it is missing.
+fn values(applied: &Applied) -> Vec<(String, Option<String>)> {
+    let view = applied.view();
+    let all = KeyRange::from_etcd(b"\0".to_vec(), vec![0]);
+    view.range(&all)
+        .map(|(key, entry)| {
+            (
+                String::from_utf8_lossy(key).into_owned(),
+                entry
+                    .value
+                    .as_ref()
+                    .map(|v| String::from_utf8_lossy(v).into_owned()),
+            )
+        })
+        .collect()
+}
+
+fn held(pairs: &[(&str, Option<&str>)]) -> Vec<(String, Option<String>)> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.map(str::to_string)))
+        .collect()
+}
+
+#[test]
+fn values_follow_their_rows_within_the_budget() {
+    // Room for two 4-byte values.
+    let applied = Applied::load(&[], 1, 2 * cost(b"aaaa"), 100);
+    assert!(apply(
+        &applied,
+        1,
+        3,
+        &[put("a", 2, false, "a-v1"), put("b", 3, false, "b-v1")]
+    ));
+    assert_eq!(
+        values(&applied),
+        held(&[("a", Some("a-v1")), ("b", Some("b-v1"))])
+    );
+    // A rewrite replaces the value; a delete drops it with the key.
+    assert!(apply(
+        &applied,
+        3,
+        5,
+        &[put("a", 4, false, "a-v2"), row("b", 5, true)]
+    ));
+    assert_eq!(values(&applied), held(&[("a", Some("a-v2"))]));
+    assert_eq!(applied.size(), (1, cost(b"a-v2")));
+    // A third value overflows: the hand drops one, and the total fits again.
+    assert!(apply(
+        &applied,
+        5,
+        7,
+        &[put("c", 6, false, "c-v1"), put("d", 7, false, "d-v1")]
+    ));
+    assert_eq!(applied.size(), (3, 2 * cost(b"aaaa")));
+    assert_eq!(
+        values(&applied).iter().filter(|(_, v)| v.is_none()).count(),
+        1
+    );
+    // A value larger than the whole budget is never held.
+    assert!(apply(
+        &applied,
+        7,
+        8,
+        &[put("e", 8, false, "longer than the whole budget allows")]
+    ));
+    assert_eq!(values(&applied).last(), Some(&("e".to_string(), None)));
+    assert_eq!(applied.size().1, 2 * cost(b"aaaa"));
+}
+
+#[test]
+fn a_value_read_since_the_hand_passed_is_spared_once() {
+    let applied = Applied::load(&[], 1, 2 * cost(b"aaaa"), 100);
+    assert!(apply(
+        &applied,
+        1,
+        3,
+        &[put("a", 2, false, "a-v1"), put("b", 3, false, "b-v1")]
+    ));
+    {
+        let view = applied.view();
+        let a = KeyRange::single(b"a".to_vec());
+        let (_, entry) = view.range(&a).next().expect("a is live");
+        assert!(entry.value().is_some());
+    }
+    assert!(apply(&applied, 3, 4, &[put("c", 4, false, "c-v1")]));
+    assert_eq!(
+        values(&applied),
+        held(&[("a", Some("a-v1")), ("b", None), ("c", Some("c-v1"))])
+    );
+}
+
+#[test]
+fn a_fill_takes_only_the_value_of_the_row_the_key_still_has() {
+    let applied = Applied::load(
+        &[row("a", 2, false), row("b", 3, false), row("c", 4, false)],
+        4,
+        1 << 20,
+        100,
+    );
+    assert_eq!(
+        values(&applied),
+        held(&[("a", None), ("b", None), ("c", None)])
+    );
+    applied.fill([
+        (&b"a"[..], 2, Arc::from(&b"a-v1"[..])),
+        // Not b's row: b was read at another revision.
+        (&b"b"[..], 9, Arc::from(&b"b-old"[..])),
+        (&b"x"[..], 2, Arc::from(&b"absent"[..])),
+    ]);
+    assert_eq!(
+        values(&applied),
+        held(&[("a", Some("a-v1")), ("b", None), ("c", None)])
+    );
+    assert_eq!(applied.size(), (3, cost(b"a-v1")));
+}
+
+#[test]
+fn counts_and_past_revisions_match_a_model() {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    let name = |rng: &mut rand::rngs::StdRng| {
+        let len = rng.random_range(1..4);
+        (0..len)
+            .map(|_| rng.random_range(b'a'..=b'e'))
+            .collect::<Vec<u8>>()
+    };
+    let applied = Applied::load(&[], 1, 1 << 20, 300);
+    // The live keys with their mod revisions: `model[r - 1]` is revision r.
+    let mut model: Vec<BTreeMap<Vec<u8>, i64>> = vec![BTreeMap::new()];
+    let mut answered_in_the_past = 0;
+    for revision in 1..2000 {
+        let key = name(&mut rng);
+        let deleted = rng.random_range(0..3) == 0;
+        let text = String::from_utf8(key.clone()).expect("ascii");
+        assert!(apply(
+            &applied,
+            revision,
+            revision + 1,
+            &[put(&text, revision + 1, deleted, "v")]
+        ));
+        let mut next = model.last().expect("a first revision").clone();
+        if deleted {
+            next.remove(&key);
+        } else {
+            next.insert(key, revision + 1);
+        }
+        model.push(next);
+
+        let view = applied.view();
+        let (from, to) = (name(&mut rng), name(&mut rng));
+        let past = rng.random_range(1..=revision + 1);
+        for range in [
+            KeyRange::from_etcd(from.clone(), to.clone()),
+            KeyRange::from_etcd(from.clone(), vec![0]),
+            KeyRange::single(from.clone()),
+        ] {
+            assert_eq!(
+                view.count(&range),
+                view.range(&range).count() as i64,
+                "{range:?}"
+            );
+            let expected: Vec<(Vec<u8>, i64)> = model[(past - 1) as usize]
+                .iter()
+                .filter(|(k, _)| range.contains(k))
+                .map(|(k, r)| (k.clone(), *r))
+                .collect();
+            match view.at(&range, past) {
+                Some((count, items)) => {
+                    let got: Vec<(Vec<u8>, i64)> = items
+                        .map(|item| (item.key.to_vec(), item.meta.mod_revision))
+                        .collect();
+                    assert_eq!(got, expected, "{range:?} at {past} of {}", revision + 1);
+                    assert_eq!(count, expected.len() as i64, "{range:?} at {past}");
+                    answered_in_the_past += usize::from(past <= revision);
+                }
+                None => assert!(past < view.state.floor, "{past} is above the floor"),
+            }
+        }
+    }
+    // The window moved on: the floor rose, and reads above it were answered.
+    assert!(applied.floor() > 1500, "floor {}", applied.floor());
+    assert!(answered_in_the_past > 100, "{answered_in_the_past}");
+}
