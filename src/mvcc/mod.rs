@@ -290,6 +290,17 @@ fn needs_values(req: &RangeRequest) -> bool {
     !req.count_only && (!req.keys_only || matches!(req.sort, Some((types::SortTarget::Value, _))))
 }
 
+/// Hands back to the system the memory that the start-up load used and freed (the rows the
+/// indexes were built from, several times the indexes' size): glibc would keep it mapped, and
+/// the process's resident memory would never come down to what it holds.
+fn release_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim takes no pointers; it only returns free pages of the heaps to the kernel.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
 /// Gives each key its value (an absent one, of a read that needs none, stays empty).
 fn set_values(kvs: &mut [KeyValue], values: Vec<Option<Arc<[u8]>>>) {
     for (kv, value) in kvs.iter_mut().zip(values) {
@@ -375,6 +386,7 @@ impl Store {
             );
             (start, KeyIndex::load(heads, start.current), applied)
         };
+        release_freed_memory();
         let compact_revision = start.compact;
         let (committed_tx, committed) = watch::channel(start.current);
         let (compact_target, target_rx) = watch::channel(compact_revision);

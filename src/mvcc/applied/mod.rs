@@ -455,6 +455,13 @@ impl View<'_> {
         revision: i64,
     ) -> Option<(i64, Box<dyn Iterator<Item = Item<'a>> + 'a>)> {
         if revision == self.revision {
+            if range.end == RangeEnd::Single {
+                // One lookup for both: a get is the commonest read.
+                let found = self.state.keys.get_key_value(range.key.as_slice());
+                let count = i64::from(found.is_some());
+                let items = found.into_iter().map(|(key, entry)| Item::now(key, entry));
+                return Some((count, Box::new(items)));
+            }
             let items = self.range(range).map(|(key, entry)| Item::now(key, entry));
             return Some((self.count(range), Box::new(items)));
         }
