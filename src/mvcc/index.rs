@@ -23,9 +23,8 @@
 //!   did not commit), and [`KeyIndex::commit`] forgets the record once the database committed.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::ops::Bound;
 
-use crate::backend::{LogRow, RangeEnd};
+use crate::backend::LogRow;
 
 use super::types::{KeyRange, KeyValue};
 
@@ -70,15 +69,9 @@ pub(crate) fn range_of<'a, V>(
     keys: &'a BTreeMap<Vec<u8>, V>,
     range: &'a KeyRange,
 ) -> Box<dyn Iterator<Item = (&'a Vec<u8>, &'a V)> + 'a> {
-    let start = Bound::Included(range.key.as_slice());
-    match &range.end {
-        RangeEnd::Single => Box::new(keys.get_key_value(range.key.as_slice()).into_iter()),
-        // `BTreeMap::range` panics on a reversed range; such a range holds nothing.
-        _ if range.is_empty() => Box::new(std::iter::empty()),
-        RangeEnd::Unbounded => Box::new(keys.range::<[u8], _>((start, Bound::Unbounded))),
-        RangeEnd::Before(end) => {
-            Box::new(keys.range::<[u8], _>((start, Bound::Excluded(end.as_slice()))))
-        }
+    match range.bounds() {
+        Some(bounds) => Box::new(keys.range::<[u8], _>(bounds)),
+        None => Box::new(std::iter::empty()),
     }
 }
 

@@ -4,6 +4,7 @@
 //! keys are non-empty, ops are within limits, a txn branch writes no key twice.
 
 use crate::backend::{LeaseRow, LogRow, RangeEnd};
+use std::ops::Bound;
 
 /// A key and its version data, as a client sees it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -29,6 +30,9 @@ impl KeyValue {
         }
     }
 }
+
+/// A key range's start and end, as ordered maps take them.
+pub type KeyBounds<'a> = (Bound<&'a [u8]>, Bound<&'a [u8]>);
 
 /// `[key, end)` as etcd's `key` / `range_end` pair describes it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -64,6 +68,18 @@ impl KeyRange {
     }
 
     /// Whether the range holds no key at all (`end <= key`), which etcd answers with nothing.
+    /// The range as bounds of an ordered map of keys; `None` for a reversed range, which holds
+    /// nothing (and which `BTreeMap::range` would panic on).
+    pub fn bounds(&self) -> Option<KeyBounds<'_>> {
+        let start = Bound::Included(self.key.as_slice());
+        match &self.end {
+            RangeEnd::Single => Some((start, start)),
+            _ if self.is_empty() => None,
+            RangeEnd::Unbounded => Some((start, Bound::Unbounded)),
+            RangeEnd::Before(end) => Some((start, Bound::Excluded(end.as_slice()))),
+        }
+    }
+
     pub fn is_empty(&self) -> bool {
         matches!(&self.end, RangeEnd::Before(end) if end.as_slice() <= self.key.as_slice())
     }

@@ -434,16 +434,9 @@ impl View<'_> {
 
     /// The live keys of `range`, in key order.
     pub fn range<'a>(&'a self, range: &'a KeyRange) -> Live<'a> {
-        let keys = &self.state.keys;
-        let start = Bound::Included(range.key.as_slice());
-        match &range.end {
-            RangeEnd::Single => Box::new(keys.get_key_value(range.key.as_slice()).into_iter()),
-            // A reversed range holds nothing (and is no range to the tree).
-            _ if range.is_empty() => Box::new(std::iter::empty()),
-            RangeEnd::Unbounded => Box::new(keys.range::<[u8], _>((start, Bound::Unbounded))),
-            RangeEnd::Before(end) => {
-                Box::new(keys.range::<[u8], _>((start, Bound::Excluded(end.as_slice()))))
-            }
+        match range.bounds() {
+            Some(bounds) => Box::new(self.state.keys.range::<[u8], _>(bounds)),
+            None => Box::new(std::iter::empty()),
         }
     }
 
