@@ -221,9 +221,12 @@ pub struct Ctx {
 }
 
 impl Ctx {
-    pub async fn connect(endpoint: &str, sizes: Sizes) -> Result<Ctx, String> {
+    /// Connects to a server's instances, the connections spread over them in turn.
+    pub async fn connect(endpoints: &[String], sizes: Sizes) -> Result<Ctx, String> {
         let mut clients = Vec::new();
-        for _ in 0..sizes.conns.max(1) {
+        // Every instance gets at least one connection.
+        for i in 0..sizes.conns.max(endpoints.len()) {
+            let endpoint = &endpoints[i % endpoints.len()];
             // A request that takes longer than this counts as an error instead of hanging.
             let options = ConnectOptions::new()
                 .with_connect_timeout(Duration::from_secs(5))

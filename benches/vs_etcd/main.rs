@@ -68,12 +68,13 @@ struct Args {
     /// Tiny sizes (seconds): proves the harness and the servers work. Fails on any error.
     #[arg(long)]
     smoke: bool,
-    /// Systems to run: sqlite, postgres, etcd (the reference: `--etcd-bin`), etcd-old
-    /// (`--etcd-old-bin`).
+    /// Systems to run: sqlite, postgres, postgres-3 (three etcdsql processes on one
+    /// database, the clients' connections spread over them), etcd (the reference:
+    /// `--etcd-bin`), etcd-old (`--etcd-old-bin`).
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "sqlite,postgres,etcd,etcd-old"
+        default_value = "sqlite,postgres,postgres-3,etcd,etcd-old"
     )]
     systems: Vec<String>,
     /// Workloads to run: create, update, get, list (with count), watch, mixed, sweep.
@@ -489,7 +490,7 @@ async fn run_all(
                     server.pid(),
                     server.endpoint
                 );
-                match Ctx::connect(&server.endpoint, sizes.clone()).await {
+                match Ctx::connect(&server.endpoints, sizes.clone()).await {
                     Ok(ctx) => subjects.push(Some(Subject { server, ctx })),
                     Err(e) => {
                         result.skipped = Some(e);
@@ -628,17 +629,25 @@ async fn main() -> ExitCode {
     write(&out_dir.join("latest.svg"), &run.svg());
     eprintln!("wrote {}/latest.{{md,json,svg}}", out_dir.display());
     if !args.keep {
-        for kind in [Kind::Sqlite, Kind::Postgres, Kind::Etcd, Kind::EtcdOld] {
+        for kind in [
+            Kind::Sqlite,
+            Kind::Postgres,
+            Kind::Postgres3,
+            Kind::Etcd,
+            Kind::EtcdOld,
+        ] {
             let _ = std::fs::remove_dir_all(work_dir.join(kind.name()));
         }
     }
 
-    // Only PostgreSQL may be missing; any error is a failure (of the harness or a server),
+    // Only the PostgreSQL systems may be missing; any error is a failure (of the harness or a server),
     // never a timing judgement.
     let missing: Vec<&str> = run
         .systems
         .iter()
-        .filter(|s| s.skipped.is_some() && s.name != Kind::Postgres.name())
+        .filter(|s| {
+            s.skipped.is_some() && !kinds.iter().any(|k| k.on_postgres() && k.name() == s.name)
+        })
         .map(|s| s.name.as_str())
         .collect();
     let errors: u64 = run

@@ -20,6 +20,9 @@ use etcd_client::{Client, ConnectOptions};
 pub enum Kind {
     Sqlite,
     Postgres,
+    /// Three etcdsql processes on one PostgreSQL database (the HA set-up); the clients'
+    /// connections are spread over them.
+    Postgres3,
     /// The etcd the ratios are taken against (today's line: sid's 3.5.x).
     Etcd,
     /// An older etcd beside it (bookworm's 3.4.23), for the record.
@@ -31,6 +34,7 @@ impl Kind {
         match self {
             Kind::Sqlite => "etcdsql-sqlite",
             Kind::Postgres => "etcdsql-postgres",
+            Kind::Postgres3 => "etcdsql-postgres-3",
             Kind::Etcd => "etcd",
             Kind::EtcdOld => "etcd-old",
         }
@@ -40,12 +44,23 @@ impl Kind {
         match s {
             "sqlite" | "etcdsql-sqlite" => Ok(Kind::Sqlite),
             "postgres" | "etcdsql-postgres" => Ok(Kind::Postgres),
+            "postgres-3" | "etcdsql-postgres-3" => Ok(Kind::Postgres3),
             "etcd" => Ok(Kind::Etcd),
             "etcd-old" => Ok(Kind::EtcdOld),
             other => Err(format!(
-                "unknown system {other:?}: expected sqlite, postgres, etcd or etcd-old"
+                "unknown system {other:?}: expected sqlite, postgres, postgres-3, etcd or etcd-old"
             )),
         }
+    }
+
+    /// Whether its data lives in PostgreSQL (it may be skipped when none answers).
+    pub fn on_postgres(self) -> bool {
+        matches!(self, Kind::Postgres | Kind::Postgres3)
+    }
+
+    /// How many server processes serve it.
+    fn instances(self) -> usize {
+        if self == Kind::Postgres3 { 3 } else { 1 }
     }
 }
 
@@ -62,14 +77,17 @@ pub struct Setup {
     pub keep: bool,
 }
 
-/// A running server.
+/// A running server: one process, or several serving one database.
 pub struct Server {
     pub kind: Kind,
+    /// The first instance's endpoint (its `/metrics` are the ones scraped).
     pub endpoint: String,
+    /// Every instance's endpoint, in the order of `children`.
+    pub endpoints: Vec<String>,
     pub version: String,
-    child: Child,
+    children: Vec<Child>,
     data_dir: PathBuf,
-    log: PathBuf,
+    logs: Vec<PathBuf>,
     /// The PostgreSQL database created for this run, dropped when the server stops.
     pg_database: Option<String>,
     postgres_url: String,
@@ -83,6 +101,11 @@ pub struct Skip(pub String);
 /// a moment later, which is racy only against other processes picking ports at the same time.
 fn free_port() -> std::io::Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// [`free_port`], or why the server cannot start.
+fn port() -> Result<u16, Skip> {
+    free_port().map_err(|e| Skip(format!("no free port: {e}")))
 }
 
 fn first_line(bin: &str, arg: &str) -> String {
@@ -167,31 +190,26 @@ fn with_database(url: &str, db: &str) -> String {
 }
 
 impl Server {
-    /// Starts a fresh server of `kind` with an empty data directory and waits until it answers
-    /// a Range.
+    /// Starts a fresh server of `kind` with an empty data directory and waits until every
+    /// instance answers a Range.
     pub async fn start(kind: Kind, setup: &Setup) -> Result<Server, Skip> {
-        let port = free_port().map_err(|e| Skip(format!("no free port: {e}")))?;
-        let endpoint = format!("http://127.0.0.1:{port}");
         let data_dir = setup.work_dir.join(kind.name());
         let _ = fs::remove_dir_all(&data_dir);
         fs::create_dir_all(&data_dir).map_err(|e| Skip(format!("{}: {e}", data_dir.display())))?;
-        let log = setup.work_dir.join(format!("{}.log", kind.name()));
-        let log_file =
-            fs::File::create(&log).map_err(|e| Skip(format!("{}: {e}", log.display())))?;
         let mut pg_database = None;
-        let mut cmd;
+        let mut commands = Vec::new();
         let version;
         match kind {
             Kind::Etcd | Kind::EtcdOld => {
-                let peer = free_port().map_err(|e| Skip(format!("no free port: {e}")))?;
-                let peer_url = format!("http://127.0.0.1:{peer}");
+                let endpoint = format!("http://127.0.0.1:{}", port()?);
+                let peer_url = format!("http://127.0.0.1:{}", port()?);
                 let bin = if kind == Kind::Etcd {
                     &setup.etcd_bin
                 } else {
                     &setup.etcd_old_bin
                 };
                 version = first_line(bin, "--version");
-                cmd = Command::new(bin);
+                let mut cmd = Command::new(bin);
                 // Default durability: etcd fsyncs its WAL on every raft append, as in production.
                 cmd.arg("--name")
                     .arg("bench")
@@ -211,8 +229,9 @@ impl Server {
                     .arg("warn")
                     .arg("--logger")
                     .arg("zap");
+                commands.push((endpoint, cmd));
             }
-            Kind::Sqlite | Kind::Postgres => {
+            Kind::Sqlite | Kind::Postgres | Kind::Postgres3 => {
                 // etcdsql changes under active development: name the build by its binary's time.
                 version = format!(
                     "{} (binary of {})",
@@ -222,7 +241,7 @@ impl Server {
                 let db_endpoint = if kind == Kind::Sqlite {
                     format!("sqlite://{}", data_dir.join("state.db").display())
                 } else {
-                    let db = format!("etcdsql_bench_{}", std::process::id());
+                    let db = format!("etcdsql_bench_{}_{}", std::process::id(), kind.instances());
                     psql(
                         &setup.postgres_url,
                         &format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)"),
@@ -232,59 +251,80 @@ impl Server {
                     pg_database = Some(db.clone());
                     with_database(&setup.postgres_url, &db)
                 };
-                cmd = Command::new(&setup.etcdsql_bin);
-                cmd.arg("--listen-client-urls")
-                    .arg(&endpoint)
-                    .arg("--endpoint")
-                    .arg(&db_endpoint)
-                    .arg("--log-level")
-                    .arg("warn");
+                for i in 0..kind.instances() {
+                    let endpoint = format!("http://127.0.0.1:{}", port()?);
+                    let mut cmd = Command::new(&setup.etcdsql_bin);
+                    cmd.arg("--listen-client-urls")
+                        .arg(&endpoint)
+                        .arg("--endpoint")
+                        .arg(&db_endpoint)
+                        .arg("--name")
+                        .arg(format!("bench-{i}"))
+                        .arg("--log-level")
+                        .arg("warn");
+                    commands.push((endpoint, cmd));
+                }
             }
         }
-        let child = cmd
-            .stdin(Stdio::null())
-            .stdout(
-                log_file
-                    .try_clone()
-                    .map_err(|e| Skip(format!("log: {e}")))?,
-            )
-            .stderr(log_file)
-            .spawn()
-            .map_err(|e| Skip(format!("cannot start {}: {e}", kind.name())))?;
         let mut server = Server {
             kind,
-            endpoint,
+            endpoint: commands[0].0.clone(),
+            endpoints: Vec::new(),
             version,
-            child,
+            children: Vec::new(),
             data_dir,
-            log,
+            logs: Vec::new(),
             pg_database,
             postgres_url: setup.postgres_url.clone(),
             keep: setup.keep,
         };
-        match server.wait_ready(Duration::from_secs(60)).await {
-            Ok(()) => Ok(server),
-            Err(why) => {
+        for (i, (endpoint, mut cmd)) in commands.into_iter().enumerate() {
+            let log = if i == 0 {
+                setup.work_dir.join(format!("{}.log", kind.name()))
+            } else {
+                setup.work_dir.join(format!("{}-{i}.log", kind.name()))
+            };
+            let log_file =
+                fs::File::create(&log).map_err(|e| Skip(format!("{}: {e}", log.display())))?;
+            let child = cmd
+                .stdin(Stdio::null())
+                .stdout(
+                    log_file
+                        .try_clone()
+                        .map_err(|e| Skip(format!("log: {e}")))?,
+                )
+                .stderr(log_file)
+                .spawn()
+                .map_err(|e| Skip(format!("cannot start {}: {e}", kind.name())))?;
+            server.children.push(child);
+            server.endpoints.push(endpoint);
+            server.logs.push(log);
+        }
+        for i in 0..server.children.len() {
+            if let Err(why) = server.wait_ready(i, Duration::from_secs(60)).await {
                 server.stop();
-                Err(Skip(why))
+                return Err(Skip(why));
             }
         }
+        Ok(server)
     }
 
-    async fn wait_ready(&mut self, timeout: Duration) -> Result<(), String> {
+    /// Waits until instance `i` answers a Range.
+    async fn wait_ready(&mut self, i: usize, timeout: Duration) -> Result<(), String> {
         let deadline = Instant::now() + timeout;
+        let endpoint = self.endpoints[i].clone();
         loop {
-            if let Ok(Some(status)) = self.child.try_wait() {
+            if let Ok(Some(status)) = self.children[i].try_wait() {
                 return Err(format!(
                     "{} exited ({status}) before serving: {}",
                     self.kind.name(),
-                    tail(&self.log, 3).replace('\n', " / ")
+                    tail(&self.logs[i], 3).replace('\n', " / ")
                 ));
             }
             let options = ConnectOptions::new()
                 .with_connect_timeout(Duration::from_secs(1))
                 .with_timeout(Duration::from_secs(2));
-            if let Ok(mut client) = Client::connect([&self.endpoint], Some(options)).await
+            if let Ok(mut client) = Client::connect([&endpoint], Some(options)).await
                 && client.get("/registry/health", None).await.is_ok()
             {
                 return Ok(());
@@ -299,51 +339,45 @@ impl Server {
         }
     }
 
+    /// The first instance's process (the one a profile is taken of).
     pub fn pid(&self) -> u32 {
-        self.child.id()
+        self.children[0].id()
+    }
+
+    fn pids(&self) -> impl Iterator<Item = u32> + '_ {
+        self.children.iter().map(Child::id)
     }
 
     /// Resets the peak RSS so the next `peak_rss_bytes` covers only what follows.
     pub fn reset_peak_rss(&self) {
-        let _ = fs::write(format!("/proc/{}/clear_refs", self.pid()), "5");
+        for pid in self.pids() {
+            let _ = fs::write(format!("/proc/{pid}/clear_refs"), "5");
+        }
     }
 
+    /// The peak RSS, added up over the instances.
     pub fn peak_rss_bytes(&self) -> u64 {
-        status_kib(self.pid(), "VmHWM:") * 1024
+        self.pids()
+            .map(|pid| status_kib(pid, "VmHWM:") * 1024)
+            .sum()
     }
 
+    /// CPU seconds of every instance.
     pub fn cpu_seconds(&self) -> f64 {
-        cpu_seconds(self.pid())
+        self.pids().map(cpu_seconds).sum()
     }
 
     /// Context switches of all the server's threads so far (voluntary and not). Threads that
     /// ended are not counted, so compare deltas over a workload.
     pub fn context_switches(&self) -> u64 {
-        let Ok(tasks) = fs::read_dir(format!("/proc/{}/task", self.pid())) else {
-            return 0;
-        };
-        tasks
-            .flatten()
-            .filter_map(|t| fs::read_to_string(t.path().join("status")).ok())
-            .flat_map(|status| {
-                status
-                    .lines()
-                    .filter(|l| l.contains("ctxt_switches:"))
-                    .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
-                    .collect::<Vec<_>>()
-            })
-            .sum()
+        self.pids().map(context_switches).sum()
     }
 
     /// Bytes the server has caused to be written to storage so far (`write_bytes` of
     /// `/proc/PID/io`: its WAL and database writes, not its network traffic). PostgreSQL's own
     /// writes are not included.
     pub fn disk_write_bytes(&self) -> u64 {
-        fs::read_to_string(format!("/proc/{}/io", self.pid()))
-            .unwrap_or_default()
-            .lines()
-            .find_map(|l| l.strip_prefix("write_bytes:")?.trim().parse().ok())
-            .unwrap_or(0)
+        self.pids().map(disk_write_bytes).sum()
     }
 
     /// CPU seconds of the PostgreSQL backends serving this server's database, when it keeps
@@ -357,22 +391,29 @@ impl Server {
     /// Bytes the data takes on disk (etcd's member dir, SQLite's file and WAL); `None` for
     /// PostgreSQL, whose files live in the server's own directory.
     pub fn disk_bytes(&self) -> Option<u64> {
-        (self.kind != Kind::Postgres).then(|| dir_bytes(&self.data_dir))
+        (!self.kind.on_postgres()).then(|| dir_bytes(&self.data_dir))
     }
 
-    /// Stops the server (SIGTERM, then SIGKILL after 15 s) and drops its PostgreSQL database.
+    /// Stops every instance (SIGTERM, then SIGKILL after 15 s) and drops its PostgreSQL
+    /// database.
     pub fn stop(&mut self) {
-        if matches!(self.child.try_wait(), Ok(None)) {
+        let running = |child: &mut Child| matches!(child.try_wait(), Ok(None));
+        for child in &mut self.children {
+            if !running(child) {
+                continue;
+            }
             let _ = Command::new("kill")
                 .arg("-TERM")
-                .arg(self.pid().to_string())
+                .arg(child.id().to_string())
                 .status();
-            let deadline = Instant::now() + Duration::from_secs(15);
-            while matches!(self.child.try_wait(), Ok(None)) && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            let _ = self.child.kill();
-            let _ = self.child.wait();
+        }
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while self.children.iter_mut().any(running) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        for child in &mut self.children {
+            let _ = child.kill();
+            let _ = child.wait();
         }
         if let Some(db) = self.pg_database.take().filter(|_| !self.keep) {
             let _ = psql(
@@ -387,6 +428,33 @@ impl Drop for Server {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// Context switches of all a process's threads so far (voluntary and not).
+fn context_switches(pid: u32) -> u64 {
+    let Ok(tasks) = fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0;
+    };
+    tasks
+        .flatten()
+        .filter_map(|t| fs::read_to_string(t.path().join("status")).ok())
+        .flat_map(|status| {
+            status
+                .lines()
+                .filter(|l| l.contains("ctxt_switches:"))
+                .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+                .collect::<Vec<_>>()
+        })
+        .sum()
+}
+
+/// `write_bytes` of `/proc/PID/io`.
+fn disk_write_bytes(pid: u32) -> u64 {
+    fs::read_to_string(format!("/proc/{pid}/io"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("write_bytes:")?.trim().parse().ok())
+        .unwrap_or(0)
 }
 
 /// `utime + stime` of a process from `/proc/PID/stat`, in seconds.

@@ -40,12 +40,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use tokio::sync::watch;
-use wabi_tree::OSBTreeMap;
 
 use crate::backend::{LogRow, RangeEnd};
 
 use super::index::KeyMeta;
 use super::types::{KeyRange, KeyValue};
+use keys::{Keys, Walk};
 
 /// Bytes counted for a held value beyond its own length (the shared allocation's header).
 const VALUE_OVERHEAD: usize = 16;
@@ -99,21 +99,6 @@ fn cost(value: &[u8]) -> usize {
     value.len() + VALUE_OVERHEAD
 }
 
-/// An order-statistic B-tree: besides the key order it knows each key's rank, so a range's
-/// count is two descents, O(log n), however many keys it holds.
-type Keys = OSBTreeMap<Vec<u8>, Entry>;
-
-/// How many keys sort before `bound`.
-fn rank(keys: &Keys, bound: &[u8]) -> usize {
-    match keys
-        .range::<[u8], _>((Bound::Included(bound), Bound::Unbounded))
-        .next()
-    {
-        Some((first, _)) => keys.rank_of(first.as_slice()).unwrap_or(keys.len()),
-        None => keys.len(),
-    }
-}
-
 /// One version of a key as the index knew it.
 struct Version {
     meta: KeyMeta,
@@ -135,7 +120,7 @@ pub(crate) struct Item<'a> {
 }
 
 impl<'a> Item<'a> {
-    fn now(key: &'a Vec<u8>, entry: &'a Entry) -> Self {
+    fn now(key: &'a [u8], entry: &'a Entry) -> Self {
         Item {
             key,
             meta: entry.meta,
@@ -195,7 +180,7 @@ impl State {
         if let Some(value) = &entry.value {
             self.value_bytes += cost(value);
         }
-        if let Some(old) = self.keys.insert(key, entry) {
+        if let Some(old) = self.keys.insert(&key, entry) {
             self.release(&old);
         }
     }
@@ -234,19 +219,20 @@ impl State {
             let from = hand.as_deref().map_or(Bound::Unbounded, Bound::Excluded);
             let mut stopped = None;
             let mut dropped = false;
-            for (key, entry) in keys.range_mut::<[u8], _>((from, Bound::Unbounded)) {
+            keys.walk_mut(from, |key, entry| {
                 if entry.value.is_none() || entry.referenced.swap(false, Ordering::Relaxed) {
-                    continue;
+                    return true;
                 }
                 if let Some(value) = entry.value.take() {
                     *value_bytes -= cost(&value);
                     dropped = true;
                 }
                 if *value_bytes <= *budget {
-                    stopped = Some(key.clone());
-                    break;
+                    stopped = Some(key.to_vec());
+                    return false;
                 }
-            }
+                true
+            });
             if stopped.is_none() && !dropped {
                 empty_turns += 1;
             } else {
@@ -433,9 +419,9 @@ impl View<'_> {
     }
 
     /// The live keys of `range`, in key order.
-    pub fn range<'a>(&'a self, range: &'a KeyRange) -> Live<'a> {
+    pub fn range<'a>(&'a self, range: &'a KeyRange) -> Walk<'a> {
         match range.bounds() {
-            Some(bounds) => Box::new(self.state.keys.range::<[u8], _>(bounds)),
+            Some(bounds) => self.state.keys.range(bounds),
             None => Box::new(std::iter::empty()),
         }
     }
@@ -450,7 +436,7 @@ impl View<'_> {
         if revision == self.revision {
             if range.end == RangeEnd::Single {
                 // One lookup for both: a get is the commonest read.
-                let found = self.state.keys.get_key_value(range.key.as_slice());
+                let found = self.state.keys.get_key_value(&range.key);
                 let count = i64::from(found.is_some());
                 let items = found.into_iter().map(|(key, entry)| Item::now(key, entry));
                 return Some((count, Box::new(items)));
@@ -473,7 +459,7 @@ impl View<'_> {
         }
         let mut count = self.count(range);
         for (key, version) in &then {
-            count += i64::from(version.is_some()) - i64::from(self.state.keys.contains_key(*key));
+            count += i64::from(version.is_some()) - i64::from(self.state.keys.contains_key(key));
         }
         let items = Undone {
             now: self.range(range).peekable(),
@@ -486,21 +472,18 @@ impl View<'_> {
     pub fn count(&self, range: &KeyRange) -> i64 {
         let keys = &self.state.keys;
         let n = match &range.end {
-            RangeEnd::Single => usize::from(keys.contains_key(range.key.as_slice())),
+            RangeEnd::Single => usize::from(keys.contains_key(&range.key)),
             _ if range.is_empty() => 0,
-            RangeEnd::Unbounded => keys.len() - rank(keys, &range.key),
-            RangeEnd::Before(end) => rank(keys, end) - rank(keys, &range.key),
+            RangeEnd::Unbounded => keys.len() - keys.rank(&range.key),
+            RangeEnd::Before(end) => keys.rank(end) - keys.rank(&range.key),
         };
         n as i64
     }
 }
 
-/// The live keys of a range, in key order.
-type Live<'a> = Box<dyn Iterator<Item = (&'a Vec<u8>, &'a Entry)> + 'a>;
-
 /// The keys of a range now, with the keys changed since some revision put back as they were.
 struct Undone<'a> {
-    now: Peekable<Live<'a>>,
+    now: Peekable<Walk<'a>>,
     then: Peekable<std::collections::btree_map::IntoIter<&'a [u8], Option<&'a Version>>>,
 }
 
@@ -513,7 +496,7 @@ impl<'a> Iterator for Undone<'a> {
                 (None, None) => return None,
                 (Some(_), None) => KeyOrder::Less,
                 (None, Some(_)) => KeyOrder::Greater,
-                (Some((now, _)), Some((then, _))) => now.as_slice().cmp(*then),
+                (Some((now, _)), Some((then, _))) => now.cmp(then),
             };
             match order {
                 KeyOrder::Less => {
@@ -539,5 +522,6 @@ impl<'a> Iterator for Undone<'a> {
     }
 }
 
+mod keys;
 #[cfg(test)]
 mod tests;
