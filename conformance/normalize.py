@@ -26,6 +26,7 @@ What is normalized (everything else is compared byte for byte):
           "lease 694d8a...": hex lease ids -> "lease <LEASE#n>" (same numbering
                                               as the JSON lease ids)
           "remaining(599s)"                -> "remaining(<TTL>s)"
+          "Leadership transferred from X to Y": hex member ids -> <MEMBER_ID#n>
           "attached keys([b a])"           -> "attached keys([a b])" (etcd's
                                               order is a Go map's: undefined)
 """
@@ -38,6 +39,7 @@ TOOK_RE = re.compile(r"took = [0-9.]+(?:ns|µs|us|ms|s|m|h)[0-9.a-zµ]*")
 LEASE_TXT_RE = re.compile(r"\blease ([0-9a-f]{16})\b")
 REMAINING_RE = re.compile(r"remaining\(-?\d+s\)")
 ATTACHED_RE = re.compile(r"attached keys\(\[([^\]]*)\]\)")
+TRANSFER_RE = re.compile(r"Leadership transferred from ([0-9a-f]+) to ([0-9a-f]+)")
 
 
 class Ids:
@@ -132,6 +134,9 @@ def norm_line(line):
     line = TOOK_RE.sub("took = <TOOK>", line)
     line = LEASE_TXT_RE.sub(lambda m: "lease " + lease_placeholder(m.group(1)), line)
     line = REMAINING_RE.sub("remaining(<TTL>s)", line)
+    line = TRANSFER_RE.sub(
+        lambda m: "Leadership transferred from %s to %s" % tuple(
+            IDS.get("MEMBER_ID", int(h, 16)) for h in m.groups()), line)
     line = ATTACHED_RE.sub(
         lambda m: "attached keys([%s])" % " ".join(sorted(m.group(1).split())), line)
     return line

@@ -8,7 +8,9 @@
 # Every scenario gets a fresh server on free 127.0.0.1 ports and a fresh data
 # directory. Scenarios listed in conformance/pending-etcdsql (features etcdsql
 # does not have yet) are skipped for the etcdsql target unless RUN_PENDING=1.
-# A scenario's "# etcd-flags: ..." / "# etcdsql-flags: ..." lines add server flags.
+# A scenario's "# etcd-flags: ..." / "# etcdsql-flags: ..." lines add server flags; one marked
+# "# etcd-version: 3.5" (features etcd 3.4 lacks) is recorded from, and checked against, etcd
+# 3.5 ($ETCD35_BIN, by default the one conformance/k8s-storage/build.sh fetches from sid).
 # See conformance/README.md.
 set -euo pipefail
 
@@ -19,6 +21,7 @@ README="$HERE/README.md"
 PENDING_FILE="$HERE/pending-etcdsql"
 
 ETCD_BIN=${ETCD_BIN:-etcd}
+ETCD35_BIN=${ETCD35_BIN:-} # resolved when a scenario first needs it
 ETCDCTL_BIN=${ETCDCTL_BIN:-etcdctl}
 ETCDSQL_BIN=${ETCDSQL_BIN:-$REPO/target/release/etcdsql}
 READY_TIMEOUT=${READY_TIMEOUT:-30}       # seconds for a server to become healthy
@@ -127,6 +130,19 @@ scenario_flags() {
     done < <(sed -n "s/^# $TARGET-flags:[[:space:]]*//p" "$1")
 }
 
+# scenario_etcd FILE: sets SCENARIO_ETCD to the etcd the scenario is recorded from: etcd 3.5
+# when it says "# etcd-version: 3.5", else $ETCD_BIN.
+scenario_etcd() {
+    SCENARIO_ETCD=$ETCD_BIN
+    grep -q '^# etcd-version: 3\.5$' "$1" || return 0
+    if [ -z "$ETCD35_BIN" ]; then
+        local dir
+        dir=$(bash "$HERE/k8s-storage/build.sh" | tail -n1) || return 1
+        ETCD35_BIN=$dir/etcd
+    fi
+    SCENARIO_ETCD=$ETCD35_BIN
+}
+
 # start_server DIR: starts $TARGET with its state in DIR, plus SERVER_FLAGS;
 # sets SERVER_PID, PORT.
 start_server() {
@@ -135,7 +151,7 @@ start_server() {
         ports=$(free_ports 2)
         PORT=${ports% *}
         pp=${ports#* }
-        "$ETCD_BIN" --name default \
+        "$SCENARIO_ETCD" --name default \
             --data-dir "$dir/data" \
             --listen-client-urls "http://127.0.0.1:$PORT" \
             --advertise-client-urls "http://127.0.0.1:$PORT" \
@@ -253,6 +269,10 @@ for name in "${SCENARIOS[@]}"; do
     mkdir -p "$sdir/tmp"
     t0=$SECONDS
     scenario_flags "$SCEN_DIR/$name.sh"
+    if [ "$TARGET" = etcd ] && ! scenario_etcd "$SCEN_DIR/$name.sh"; then
+        fail "$name" "no etcd 3.5 (conformance/k8s-storage/build.sh failed)"
+        continue
+    fi
     start_server "$sdir"
     if ! wait_ready; then
         stop_server

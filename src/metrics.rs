@@ -1105,6 +1105,10 @@ impl Backend for InstrumentedBackend {
         .await
     }
 
+    async fn defragment(&self) -> backend::Result<()> {
+        timed(&self.metrics, "defragment", self.inner.defragment()).await
+    }
+
     fn commit_notifications(&self) -> Option<tokio::sync::watch::Receiver<i64>> {
         self.inner.commit_notifications()
     }

@@ -320,11 +320,13 @@ fn build_routes(
         .add_service(maintenance)
         .add_service(cluster);
     let router = routes.axum_router_mut();
-    *router = std::mem::take(router).merge(api::http::routes(
-        store.clone(),
-        info.clone(),
-        metrics.clone(),
-    ));
+    *router = std::mem::take(router)
+        .merge(api::http::routes(
+            store.clone(),
+            info.clone(),
+            metrics.clone(),
+        ))
+        .fallback(api::http::not_found);
     routes
 }
 

@@ -1,9 +1,11 @@
-//! The Maintenance service: Status and Alarm, which kube-apiserver and etcdctl rely on. The
-//! operations that only make sense for etcd's own storage (snapshots, hashes, leader moves,
-//! downgrades) answer `Unimplemented`, naming the operation.
+//! The Maintenance service: Status, Alarm, HashKV (etcd's own hash, so the same history hashes
+//! alike on etcd and etcdsql), Hash, Defragment and MoveLeader (this member is the only one,
+//! and always the leader). Snapshots and downgrades answer `Unimplemented`, naming the
+//! operation.
 
 use tonic::{Request, Response, Status};
 
+use super::status::RequestError;
 use super::{RAFT_TERM, ServerInfo};
 use crate::mvcc::Store;
 use crate::pb::etcdserverpb as pb;
@@ -67,21 +69,35 @@ impl pb::maintenance_server::Maintenance for MaintenanceService {
         &self,
         _request: Request<pb::DefragmentRequest>,
     ) -> Result<Response<pb::DefragmentResponse>, Status> {
-        Err(unimplemented("defragment"))
+        self.store.defragment().await?;
+        let revisions = self.store.revisions().await?;
+        Ok(Response::new(pb::DefragmentResponse {
+            header: self.info.header(revisions.current),
+        }))
     }
 
     async fn hash(
         &self,
         _request: Request<pb::HashRequest>,
     ) -> Result<Response<pb::HashResponse>, Status> {
-        Err(unimplemented("hash"))
+        let (hash, current) = self.store.hash_log().await?;
+        Ok(Response::new(pb::HashResponse {
+            header: self.info.header(current),
+            hash,
+        }))
     }
 
     async fn hash_kv(
         &self,
-        _request: Request<pb::HashKvRequest>,
+        request: Request<pb::HashKvRequest>,
     ) -> Result<Response<pb::HashKvResponse>, Status> {
-        Err(unimplemented("hashkv"))
+        let out = self.store.hash_kv(request.get_ref().revision).await?;
+        Ok(Response::new(pb::HashKvResponse {
+            header: self.info.header(out.current),
+            hash: out.hash,
+            compact_revision: out.compact_revision,
+            hash_revision: out.revision,
+        }))
     }
 
     type SnapshotStream = tokio_stream::Empty<Result<pb::SnapshotResponse, Status>>;
@@ -95,9 +111,16 @@ impl pb::maintenance_server::Maintenance for MaintenanceService {
 
     async fn move_leader(
         &self,
-        _request: Request<pb::MoveLeaderRequest>,
+        request: Request<pb::MoveLeaderRequest>,
     ) -> Result<Response<pb::MoveLeaderResponse>, Status> {
-        Err(unimplemented("move-leader"))
+        // Leadership can only move to this member, which has it already.
+        if request.get_ref().target_id != self.info.member_id {
+            return Err(RequestError::BadLeaderTransferee.into());
+        }
+        let revisions = self.store.revisions().await?;
+        Ok(Response::new(pb::MoveLeaderResponse {
+            header: self.info.header(revisions.current),
+        }))
     }
 
     async fn downgrade(

@@ -28,12 +28,16 @@ pub enum RequestError {
     /// An enum value this server does not know.
     #[error("etcdserver: unknown {0} {1}")]
     UnknownEnum(&'static str, i32),
+    /// MoveLeader to a member other than this one (the only member there is).
+    #[error("etcdserver: bad leader transferee")]
+    BadLeaderTransferee,
 }
 
 impl From<RequestError> for Status {
     fn from(e: RequestError) -> Self {
         let code = match e {
             RequestError::LeaseTtlTooLarge => Code::OutOfRange,
+            RequestError::BadLeaderTransferee => Code::FailedPrecondition,
             _ => Code::InvalidArgument,
         };
         Status::new(code, e.to_string())
@@ -121,6 +125,11 @@ mod tests {
                 RequestError::DuplicateKey.into(),
                 Code::InvalidArgument,
                 "etcdserver: duplicate key given in txn request",
+            ),
+            (
+                RequestError::BadLeaderTransferee.into(),
+                Code::FailedPrecondition,
+                "etcdserver: bad leader transferee",
             ),
         ];
         for (status, code, message) in cases {

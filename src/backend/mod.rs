@@ -173,6 +173,10 @@ pub trait Backend: Send + Sync + 'static {
     async fn compact_window(&self, compact: i64, after: i64, through: i64) -> Result<u64>;
     /// The revision up to which physical compaction has finished.
     async fn compacted_through(&self) -> Result<i64>;
+    /// Gives the space of deleted rows back to the system, as etcd's defragment does. SQLite
+    /// rebuilds its file, holding writes off meanwhile; PostgreSQL vacuums the tables beside
+    /// ongoing writes.
+    async fn defragment(&self) -> Result<()>;
     /// Makes every write transaction committed so far durable. A backend whose commit is durable
     /// by itself (PostgreSQL) has nothing to do; SQLite's commit only writes, and this fsyncs.
     async fn sync(&self) -> Result<()> {

@@ -502,6 +502,27 @@ impl Backend for SqliteBackend {
         )
     }
 
+    async fn defragment(&self) -> Result<()> {
+        // On the writer's connection, holding its lock: writes wait for the lock rather than
+        // for SQLite's busy timeout, which a large file's rebuild could outlast. Readers go on
+        // from the WAL meanwhile.
+        let writer = self.writer.clone().lock_owned().await;
+        let Ok(mut conn) = OwnedMutexGuard::try_map(writer, Option::as_mut) else {
+            return Err(sqlx::Error::PoolClosed.into());
+        };
+        if conn.open {
+            let _ = sqlx::query("ROLLBACK").execute(&mut conn.conn).await;
+            conn.open = false;
+        }
+        sqlx::query("VACUUM").execute(&mut conn.conn).await?;
+        // The rebuilt file went through the WAL: copy it back and empty the WAL now rather
+        // than leave a WAL the size of the database behind.
+        sqlx::query("PRAGMA wal_checkpoint(TRUNCATE)")
+            .execute(&mut conn.conn)
+            .await?;
+        Ok(())
+    }
+
     async fn close(&self) {
         self.checkpoints.abort();
         self.checkpointer.close().await;

@@ -75,6 +75,7 @@
 
 mod applied;
 pub mod compare;
+mod hash;
 mod index;
 mod probe;
 mod txn;
@@ -99,6 +100,8 @@ use types::{
     PutResponse, RangeRequest, RangeResponse, Revisioned, TxnRequest, TxnResponse,
 };
 use values::ValueCache;
+
+pub use hash::KvHash;
 
 /// Most write requests one database transaction holds.
 const MAX_BATCH: usize = 512;
@@ -501,6 +504,20 @@ impl Store {
             return Ok(self.inner.published.revisions());
         }
         Ok(self.inner.backend.read().await?.revisions().await?)
+    }
+
+    /// The revision of what this process holds, read without asking the database whether a
+    /// newer one exists (etcd's serializable read): the applied index's when it serves reads,
+    /// else the database's.
+    ///
+    /// # Errors
+    /// The applied index does not serve reads and the backend is unreachable.
+    pub async fn read_locally(&self) -> Result<i64> {
+        let applied = &self.inner.applied;
+        if applied.serving() {
+            return Ok(applied.view().revision());
+        }
+        Ok(self.revisions().await?.current)
     }
 
     /// # Errors
