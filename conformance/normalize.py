@@ -27,6 +27,7 @@ What is normalized (everything else is compared byte for byte):
                                               as the JSON lease ids)
           "remaining(599s)"                -> "remaining(<TTL>s)"
           "Leadership transferred from X to Y": hex member ids -> <MEMBER_ID#n>
+          "memberID:N alarm:" (alarm list)   -> "memberID:<MEMBER_ID#n> alarm:"
           "attached keys([b a])"           -> "attached keys([a b])" (etcd's
                                               order is a Go map's: undefined)
 """
@@ -39,6 +40,7 @@ TOOK_RE = re.compile(r"took = [0-9.]+(?:ns|µs|us|ms|s|m|h)[0-9.a-zµ]*")
 LEASE_TXT_RE = re.compile(r"\blease ([0-9a-f]{16})\b")
 REMAINING_RE = re.compile(r"remaining\(-?\d+s\)")
 ATTACHED_RE = re.compile(r"attached keys\(\[([^\]]*)\]\)")
+ALARM_RE = re.compile(r"memberID:(\d+) alarm:")
 TRANSFER_RE = re.compile(r"Leadership transferred from ([0-9a-f]+) to ([0-9a-f]+)")
 
 
@@ -134,6 +136,8 @@ def norm_line(line):
     line = TOOK_RE.sub("took = <TOOK>", line)
     line = LEASE_TXT_RE.sub(lambda m: "lease " + lease_placeholder(m.group(1)), line)
     line = REMAINING_RE.sub("remaining(<TTL>s)", line)
+    line = ALARM_RE.sub(
+        lambda m: "memberID:%s alarm:" % IDS.get("MEMBER_ID", int(m.group(1))), line)
     line = TRANSFER_RE.sub(
         lambda m: "Leadership transferred from %s to %s" % tuple(
             IDS.get("MEMBER_ID", int(h, 16)) for h in m.groups()), line)

@@ -10,7 +10,8 @@
 # does not have yet) are skipped for the etcdsql target unless RUN_PENDING=1.
 # A scenario's "# etcd-flags: ..." / "# etcdsql-flags: ..." lines add server flags; one marked
 # "# etcd-version: 3.5" (features etcd 3.4 lacks) is recorded from, and checked against, etcd
-# 3.5 ($ETCD35_BIN, by default the one conformance/k8s-storage/build.sh fetches from sid).
+# 3.5 ($ETCD35_BIN, by default the one conformance/k8s-storage/build.sh fetches from sid); one
+# with "# etcdsql-sqlite-only: REASON" is skipped, saying why, on PostgreSQL.
 # See conformance/README.md.
 set -euo pipefail
 
@@ -264,6 +265,12 @@ for name in "${SCENARIOS[@]}"; do
             continue
         fi
         pending=1
+    fi
+    only_sqlite=$(sed -n 's/^# etcdsql-sqlite-only:[[:space:]]*//p' "$SCEN_DIR/$name.sh")
+    if [ "$TARGET" = etcdsql ] && [ -n "${ETCDSQL_POSTGRES:-}" ] && [ -n "$only_sqlite" ]; then
+        SKIPPED=$((SKIPPED + 1))
+        echo "SKIP $name: on PostgreSQL: $only_sqlite"
+        continue
     fi
     sdir="$WORK/$name"
     mkdir -p "$sdir/tmp"

@@ -77,6 +77,17 @@ pub struct Config {
     #[arg(long, env = "ETCDSQL_READ_HISTORY_CHANGES", default_value_t = 16_384)]
     pub read_history_changes: usize,
 
+    /// When the database grows past this many bytes, the NOSPACE alarm is raised and writes
+    /// that add data fail until it is disarmed, as in etcd. 0 is etcd's default, 2 GiB;
+    /// a negative value sets no quota.
+    #[arg(
+        long,
+        env = "ETCDSQL_QUOTA_BACKEND_BYTES",
+        default_value_t = 0,
+        allow_hyphen_values = true
+    )]
+    pub quota_backend_bytes: i64,
+
     /// Most operations (compares, or ops per branch) one txn may hold.
     #[arg(long, env = "ETCDSQL_MAX_TXN_OPS", default_value_t = 128)]
     pub max_txn_ops: usize,

@@ -1109,6 +1109,19 @@ impl Backend for InstrumentedBackend {
         timed(&self.metrics, "defragment", self.inner.defragment()).await
     }
 
+    async fn alarms(&self) -> backend::Result<Vec<i32>> {
+        timed(&self.metrics, "alarms", self.inner.alarms()).await
+    }
+
+    async fn set_alarm(&self, alarm: i32, raise: bool) -> backend::Result<bool> {
+        timed(
+            &self.metrics,
+            "set_alarm",
+            self.inner.set_alarm(alarm, raise),
+        )
+        .await
+    }
+
     fn commit_notifications(&self) -> Option<tokio::sync::watch::Receiver<i64>> {
         self.inner.commit_notifications()
     }

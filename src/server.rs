@@ -116,6 +116,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Runnin
     let options = StoreOptions {
         read_cache_bytes: config.read_cache_bytes,
         read_history_changes: config.read_history_changes,
+        quota_backend_bytes: config.quota_backend_bytes,
     };
     let store = Store::start(backend.clone(), options, &tasks, store_shutdown.clone()).await?;
     store.observe_commits(metrics.commit_observer());

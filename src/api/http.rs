@@ -14,8 +14,10 @@
 //! - `serializable_read`: this process answers a read from what it holds, without asking the
 //!   database whether a newer revision exists (alive, whatever the database does);
 //! - `linearizable_read`: a read through the database, as every client read is (ready);
-//! - `data_corruption`, `non_learner`: etcdsql raises no corruption alarm and is never a
-//!   learner, so these always pass; they are served so that probes naming them work.
+//! - `data_corruption`: fails while the CORRUPT alarm is raised;
+//! - `non_learner`: etcdsql is never a learner, so this always passes.
+//!
+//! `/health` fails while an alarm is raised that `?exclude=` does not name (`ALARM NOSPACE`).
 
 use std::time::Duration;
 
@@ -28,8 +30,8 @@ use serde_json::json;
 
 use super::ServerInfo;
 use crate::metrics::{self, Metrics};
-use crate::mvcc::Store;
 use crate::mvcc::types::{KeyRange, RangeRequest};
+use crate::mvcc::{Store, alarm};
 
 /// How long one check may take before it fails (etcd bounds its reads by its request timeout).
 const CHECK_TIMEOUT: Duration = Duration::from_secs(5);
@@ -151,9 +153,27 @@ fn query_params(query: Option<&str>) -> Vec<(String, String)> {
 /// `?serializable=true` it reads from what this process holds instead of through the
 /// database; `?exclude=ALARM` ignores an alarm (etcdsql raises none).
 async fn health(State(state): State<HttpState>, RawQuery(query): RawQuery) -> Response {
-    let serializable = query_params(query.as_deref())
+    let params = query_params(query.as_deref());
+    let serializable = params
         .iter()
         .any(|(name, value)| name == "serializable" && value == "true");
+    let excluded = |alarm: &str| {
+        params
+            .iter()
+            .any(|(name, value)| name == "exclude" && value == alarm)
+    };
+    let unhealthy = |reason: String| {
+        plain(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("{}\n", json!({"health": "false", "reason": reason})),
+        )
+    };
+    for alarm in state.store.alarms() {
+        let name = alarm_name(alarm);
+        if !excluded(name) {
+            return unhealthy(format!("ALARM {name}"));
+        }
+    }
     let check = if serializable {
         Check::SerializableRead
     } else {
@@ -164,13 +184,16 @@ async fn health(State(state): State<HttpState>, RawQuery(query): RawQuery) -> Re
             StatusCode::OK,
             json!({"health": "true", "reason": ""}).to_string(),
         ),
-        Err(reason) => plain(
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!(
-                "{}\n",
-                json!({"health": "false", "reason": format!("RANGE ERROR:{reason}")})
-            ),
-        ),
+        Err(reason) => unhealthy(format!("RANGE ERROR:{reason}")),
+    }
+}
+
+/// An alarm by etcd's name for it.
+fn alarm_name(alarm: i32) -> &'static str {
+    match alarm {
+        alarm::NOSPACE => "NOSPACE",
+        alarm::CORRUPT => "CORRUPT",
+        _ => "UNKNOWN",
     }
 }
 
@@ -203,6 +226,9 @@ impl Check {
 
     /// Runs the check; the reason it failed, if it did.
     async fn run(self, store: &Store) -> Result<(), String> {
+        if self == Check::DataCorruption && store.alarms().contains(&alarm::CORRUPT) {
+            return Err("alarm activated: CORRUPT".to_owned());
+        }
         let read = async {
             match self {
                 Check::DataCorruption | Check::NonLearner => Ok(()),

@@ -1,4 +1,4 @@
-//! The Maintenance service: Status, Alarm, HashKV (etcd's own hash, so the same history hashes
+//! The Maintenance service: Status, Alarm (NOSPACE and CORRUPT, [`crate::mvcc::alarm`]), HashKV (etcd's own hash, so the same history hashes
 //! alike on etcd and etcdsql), Hash, Defragment and MoveLeader (this member is the only one,
 //! and always the leader). Snapshots and downgrades answer `Unimplemented`, naming the
 //! operation.
@@ -21,6 +21,12 @@ impl MaintenanceService {
     }
 }
 
+/// An alarm as etcd's `AlarmMember.String()` prints it.
+fn alarm_text(member_id: u64, alarm: i32) -> String {
+    let name = pb::AlarmType::try_from(alarm).map_or("UNKNOWN", |a| a.as_str_name());
+    format!("memberID:{member_id} alarm:{name} ")
+}
+
 fn unimplemented(what: &str) -> Status {
     Status::unimplemented(format!("etcdsql: {what} is not supported"))
 }
@@ -31,15 +37,40 @@ impl pb::maintenance_server::Maintenance for MaintenanceService {
         &self,
         request: Request<pb::AlarmRequest>,
     ) -> Result<Response<pb::AlarmResponse>, Status> {
-        // No alarm is ever raised (no size quota yet), so GET lists none and DEACTIVATE has
-        // nothing to clear; ACTIVATE is an operator's test tool that we do not emulate.
-        if request.get_ref().action == pb::alarm_request::AlarmAction::Activate as i32 {
-            return Err(unimplemented("activating an alarm"));
-        }
+        use pb::alarm_request::AlarmAction;
+        let req = request.into_inner();
+        let member = |alarm| pb::AlarmMember {
+            member_id: self.info.member_id,
+            alarm,
+        };
+        // As etcd: GET lists every alarm; ACTIVATE and DEACTIVATE answer with the alarm they
+        // changed, and with nothing when there was nothing to change (or the alarm is NONE).
+        let alarms = match AlarmAction::try_from(req.action) {
+            Ok(AlarmAction::Get) => self
+                .store
+                .alarms()
+                .into_iter()
+                .filter(|&a| req.alarm == pb::AlarmType::None as i32 || a == req.alarm)
+                .map(member)
+                .collect(),
+            Ok(action) => {
+                let raise = action == AlarmAction::Activate;
+                if req.alarm == pb::AlarmType::None as i32 {
+                    Vec::new()
+                } else if pb::AlarmType::try_from(req.alarm).is_err() {
+                    return Err(RequestError::UnknownEnum("alarm type", req.alarm).into());
+                } else if self.store.set_alarm(req.alarm, raise).await? || raise {
+                    vec![member(req.alarm)]
+                } else {
+                    Vec::new()
+                }
+            }
+            Err(_) => return Err(RequestError::UnknownEnum("alarm action", req.action).into()),
+        };
         let revisions = self.store.revisions().await?;
         Ok(Response::new(pb::AlarmResponse {
             header: self.info.header(revisions.current),
-            alarms: Vec::new(),
+            alarms,
         }))
     }
 
@@ -58,7 +89,13 @@ impl pb::maintenance_server::Maintenance for MaintenanceService {
             raft_index: index,
             raft_term: RAFT_TERM,
             raft_applied_index: index,
-            errors: Vec::new(),
+            // etcd lists the alarms raised here, as their text form.
+            errors: self
+                .store
+                .alarms()
+                .into_iter()
+                .map(|alarm| alarm_text(self.info.member_id, alarm))
+                .collect(),
             db_size_in_use: size.in_use,
             is_learner: false,
             ..Default::default()

@@ -64,6 +64,10 @@ impl From<mvcc::Error> for Status {
                 Status::unavailable(format!("etcdserver: storage unavailable: {e}"))
             }
             mvcc::Error::ShuttingDown => Status::unavailable("etcdserver: server stopped"),
+            mvcc::Error::NoSpace => {
+                Status::resource_exhausted("etcdserver: mvcc: database space exceeded")
+            }
+            mvcc::Error::Corrupt => Status::data_loss("etcdserver: corrupt cluster"),
             e @ mvcc::Error::IndexOutOfSync { .. } => Status::internal(format!("etcdserver: {e}")),
         }
     }
@@ -125,6 +129,16 @@ mod tests {
                 RequestError::DuplicateKey.into(),
                 Code::InvalidArgument,
                 "etcdserver: duplicate key given in txn request",
+            ),
+            (
+                mvcc::Error::NoSpace.into(),
+                Code::ResourceExhausted,
+                "etcdserver: mvcc: database space exceeded",
+            ),
+            (
+                mvcc::Error::Corrupt.into(),
+                Code::DataLoss,
+                "etcdserver: corrupt cluster",
             ),
             (
                 RequestError::BadLeaderTransferee.into(),

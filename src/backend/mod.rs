@@ -82,6 +82,26 @@ pub struct Revisions {
     pub compact: i64,
 }
 
+/// Alarms are `meta` rows named `alarm:N` (N: etcd's alarm type), 1 while raised. The
+/// statements are the same in both dialects (`$1` is SQLite's too).
+const ALARMS_RAISED: &str = "SELECT name FROM meta WHERE name LIKE 'alarm:%' AND value = 1";
+const RAISE_ALARM: &str = "INSERT INTO meta (name, value) VALUES ($1, 1) \
+     ON CONFLICT (name) DO UPDATE SET value = 1 WHERE meta.value = 0";
+const CLEAR_ALARM: &str = "UPDATE meta SET value = 0 WHERE name = $1 AND value = 1";
+
+fn alarm_name(alarm: i32) -> String {
+    format!("alarm:{alarm}")
+}
+
+fn alarm_numbers(names: &[String]) -> Vec<i32> {
+    let mut alarms: Vec<i32> = names
+        .iter()
+        .filter_map(|n| n.strip_prefix("alarm:")?.parse().ok())
+        .collect();
+    alarms.sort_unstable();
+    alarms
+}
+
 /// The statement both backends read their revision counters with (their `meta` table).
 const META_REVISIONS: &str =
     "SELECT name, value FROM meta WHERE name IN ('current_revision', 'compact_revision')";
@@ -177,6 +197,10 @@ pub trait Backend: Send + Sync + 'static {
     /// rebuilds its file, holding writes off meanwhile; PostgreSQL vacuums the tables beside
     /// ongoing writes.
     async fn defragment(&self) -> Result<()>;
+    /// The alarms raised (etcd's alarm type numbers), shared by every process on the database.
+    async fn alarms(&self) -> Result<Vec<i32>>;
+    /// Raises or clears an alarm; whether that changed anything.
+    async fn set_alarm(&self, alarm: i32, raise: bool) -> Result<bool>;
     /// Makes every write transaction committed so far durable. A backend whose commit is durable
     /// by itself (PostgreSQL) has nothing to do; SQLite's commit only writes, and this fsyncs.
     async fn sync(&self) -> Result<()> {

@@ -438,6 +438,26 @@ impl Backend for PostgresBackend {
         )
     }
 
+    async fn alarms(&self) -> Result<Vec<i32>> {
+        let names: Vec<String> = sqlx::query_scalar(super::ALARMS_RAISED)
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(super::alarm_numbers(&names))
+    }
+
+    async fn set_alarm(&self, alarm: i32, raise: bool) -> Result<bool> {
+        let sql = if raise {
+            super::RAISE_ALARM
+        } else {
+            super::CLEAR_ALARM
+        };
+        let done = sqlx::query(sql)
+            .bind(super::alarm_name(alarm))
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected() > 0)
+    }
+
     async fn defragment(&self) -> Result<()> {
         // A plain VACUUM marks dead rows' space for reuse and takes no lock that blocks reads
         // or writes; VACUUM FULL would return it to the system but lock the table throughout.

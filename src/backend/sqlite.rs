@@ -378,17 +378,24 @@ impl SqliteBackend {
     }
 
     /// Waits for the writer connection and opens a write transaction on it.
-    async fn begin_write(&self) -> Result<SqliteTxn> {
+    /// The writer's connection, any transaction it left open rolled back. Holding it keeps
+    /// every other write waiting.
+    async fn idle_writer(&self) -> Result<OwnedMappedMutexGuard<Option<WriterConn>, WriterConn>> {
         let writer = self.writer.clone().lock_owned().await;
         let Ok(mut conn) = OwnedMutexGuard::try_map(writer, Option::as_mut) else {
             return Err(sqlx::Error::PoolClosed.into());
         };
         if conn.open {
             // Fails only if SQLite already ended that transaction itself; if the connection is
-            // broken, BEGIN below says so.
+            // broken, the next statement says so.
             let _ = sqlx::query("ROLLBACK").execute(&mut conn.conn).await;
             conn.open = false;
         }
+        Ok(conn)
+    }
+
+    async fn begin_write(&self) -> Result<SqliteTxn> {
+        let mut conn = self.idle_writer().await?;
         // IMMEDIATE takes SQLite's write lock at the start rather than at the first write, so
         // the current revision read at the start cannot be overtaken by another writer. It is
         // sent with the first statement; `open` from now on, as that may fail halfway.
@@ -506,14 +513,7 @@ impl Backend for SqliteBackend {
         // On the writer's connection, holding its lock: writes wait for the lock rather than
         // for SQLite's busy timeout, which a large file's rebuild could outlast. Readers go on
         // from the WAL meanwhile.
-        let writer = self.writer.clone().lock_owned().await;
-        let Ok(mut conn) = OwnedMutexGuard::try_map(writer, Option::as_mut) else {
-            return Err(sqlx::Error::PoolClosed.into());
-        };
-        if conn.open {
-            let _ = sqlx::query("ROLLBACK").execute(&mut conn.conn).await;
-            conn.open = false;
-        }
+        let mut conn = self.idle_writer().await?;
         sqlx::query("VACUUM").execute(&mut conn.conn).await?;
         // The rebuilt file went through the WAL: copy it back and empty the WAL now rather
         // than leave a WAL the size of the database behind.
@@ -521,6 +521,28 @@ impl Backend for SqliteBackend {
             .execute(&mut conn.conn)
             .await?;
         Ok(())
+    }
+
+    async fn alarms(&self) -> Result<Vec<i32>> {
+        let mut loan = self.readers.loan().await?;
+        let names: Vec<String> = sqlx::query_scalar(super::ALARMS_RAISED)
+            .fetch_all(&mut loan.conn().conn)
+            .await?;
+        Ok(super::alarm_numbers(&names))
+    }
+
+    async fn set_alarm(&self, alarm: i32, raise: bool) -> Result<bool> {
+        let mut conn = self.idle_writer().await?;
+        let sql = if raise {
+            super::RAISE_ALARM
+        } else {
+            super::CLEAR_ALARM
+        };
+        let done = sqlx::query(sql)
+            .bind(super::alarm_name(alarm))
+            .execute(&mut conn.conn)
+            .await?;
+        Ok(done.rows_affected() > 0)
     }
 
     async fn close(&self) {

@@ -73,6 +73,7 @@
 //! prev_kv of a change a watch from C reports. Deleting them never changes what a read at C or
 //! later returns, so it may lag behind.
 
+pub mod alarm;
 mod applied;
 pub mod compare;
 mod hash;
@@ -101,6 +102,7 @@ use types::{
 };
 use values::ValueCache;
 
+use alarm::{Alarms, Cost};
 pub use hash::KvHash;
 
 /// Most write requests one database transaction holds.
@@ -141,6 +143,12 @@ pub enum Error {
     IndexOutOfSync { key: String, revision: i64 },
     #[error("the store is shutting down")]
     ShuttingDown,
+    /// NOSPACE is raised ([`alarm`]).
+    #[error("mvcc: database space exceeded")]
+    NoSpace,
+    /// CORRUPT is raised.
+    #[error("corrupt cluster")]
+    Corrupt,
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
@@ -230,6 +238,8 @@ pub struct StoreOptions {
     /// How many recent changes the applied index can undo, to answer reads at revisions it has
     /// passed; 0 sends every such read to SQL.
     pub read_history_changes: usize,
+    /// etcd's `--quota-backend-bytes`: 0 is etcd's default (2 GiB), negative is none.
+    pub quota_backend_bytes: i64,
 }
 
 impl Default for StoreOptions {
@@ -237,6 +247,7 @@ impl Default for StoreOptions {
         Self {
             read_cache_bytes: 256 << 20,
             read_history_changes: 16_384,
+            quota_backend_bytes: 0,
         }
     }
 }
@@ -264,6 +275,8 @@ struct Inner {
     /// in ([`applied`]).
     applied: Applied,
     /// Where the database is shared: the round trips that tell reads the cluster's revision.
+    /// The alarms and the space quota, checked before writes are queued.
+    alarms: Arc<Alarms>,
     probe: RevisionProbe,
     /// The newest revision a read waits for the applied index to reach, so that the watch hub's
     /// tailer reads the log at once instead of at its next wake-up.
@@ -390,6 +403,12 @@ impl Store {
             (start, KeyIndex::load(heads, start.current), applied)
         };
         release_freed_memory();
+        let alarms = Arc::new(Alarms::load(backend.as_ref(), options.quota_backend_bytes).await?);
+        tracker.spawn(
+            alarms
+                .clone()
+                .run_refresh(backend.clone(), shutdown.clone()),
+        );
         let compact_revision = start.compact;
         let (committed_tx, committed) = watch::channel(start.current);
         let (compact_target, target_rx) = watch::channel(compact_revision);
@@ -439,6 +458,7 @@ impl Store {
                 published,
                 applied,
                 probe: RevisionProbe::new(),
+                alarms,
                 catch_up: watch::channel(start.current).0,
                 reads_from_memory: AtomicU64::new(0),
                 reads_from_sql: AtomicU64::new(0),
@@ -504,6 +524,23 @@ impl Store {
             return Ok(self.inner.published.revisions());
         }
         Ok(self.inner.backend.read().await?.revisions().await?)
+    }
+
+    /// The alarms raised, in etcd's numbers ([`alarm`]).
+    pub fn alarms(&self) -> Vec<i32> {
+        self.inner.alarms.raised()
+    }
+
+    /// Raises or clears an alarm for every instance of the database; whether that changed
+    /// anything.
+    ///
+    /// # Errors
+    /// The backend fails.
+    pub async fn set_alarm(&self, alarm: i32, raise: bool) -> Result<bool> {
+        self.inner
+            .alarms
+            .set(self.inner.backend.as_ref(), alarm, raise)
+            .await
     }
 
     /// The revision of what this process holds, read without asking the database whether a
@@ -695,6 +732,10 @@ impl Store {
     /// A Put's `ignore_*` names a missing key, a Range names a compacted or future revision, or
     /// the backend fails (then nothing of the txn was written).
     pub async fn txn(&self, req: TxnRequest) -> Result<Revisioned<TxnResponse>> {
+        self.inner
+            .alarms
+            .admit(self.inner.backend.as_ref(), Cost::Txn(&req))
+            .await?;
         let (reply, answer) = oneshot::channel();
         self.submit(WriteJob::Txn { req, reply }).await?;
         answer.await.map_err(|_| Error::ShuttingDown)?
@@ -768,6 +809,12 @@ impl Store {
     /// `LeaseExists` on a grant with a taken id, `LeaseNotFound` on revoking an unknown lease,
     /// or the backend fails.
     pub async fn lease(&self, op: LeaseOp) -> Result<Revisioned<LeaseOutcome>> {
+        if matches!(op, LeaseOp::Grant(_)) {
+            self.inner
+                .alarms
+                .admit(self.inner.backend.as_ref(), Cost::LeaseGrant)
+                .await?;
+        }
         let (reply, answer) = oneshot::channel();
         self.submit(WriteJob::Lease { op, reply }).await?;
         answer.await.map_err(|_| Error::ShuttingDown)?
