@@ -274,9 +274,9 @@ struct Inner {
     /// Every live key, with values within a budget, as of the revisions the watch hub has taken
     /// in ([`applied`]).
     applied: Applied,
-    /// Where the database is shared: the round trips that tell reads the cluster's revision.
     /// The alarms and the space quota, checked before writes are queued.
     alarms: Arc<Alarms>,
+    /// Where the database is shared: the round trips that tell reads the cluster's revision.
     probe: RevisionProbe,
     /// The newest revision a read waits for the applied index to reach, so that the watch hub's
     /// tailer reads the log at once instead of at its next wake-up.
@@ -729,8 +729,9 @@ impl Store {
     /// Runs a txn; the revision is the one it wrote at, or the current one if it wrote nothing.
     ///
     /// # Errors
-    /// A Put's `ignore_*` names a missing key, a Range names a compacted or future revision, or
-    /// the backend fails (then nothing of the txn was written).
+    /// A Put's `ignore_*` names a missing key, a Range names a compacted or future revision,
+    /// an alarm refuses the txn (`NoSpace`, `Corrupt`), or the backend fails (then nothing of
+    /// the txn was written).
     pub async fn txn(&self, req: TxnRequest) -> Result<Revisioned<TxnResponse>> {
         self.inner
             .alarms
