@@ -186,14 +186,22 @@ mod tests {
             compares: Vec::new(),
             success: vec![put("a", 10), put("bb", 20)],
             failure: vec![
-                put("c", 100),
+                put("c", 1000),
                 Op::Delete(DeleteRequest {
                     range: KeyRange::single(b"d".to_vec()),
                     prev_kv: false,
                 }),
             ],
         };
-        assert_eq!(Cost::Txn(&txn).bytes(), 256 + 1 + 100);
+        assert_eq!(Cost::Txn(&txn).bytes(), 256 + 1 + 1000);
+        let success_larger = TxnRequest {
+            failure: Vec::new(),
+            ..txn
+        };
+        assert_eq!(
+            Cost::Txn(&success_larger).bytes(),
+            256 + 1 + 10 + 256 + 2 + 20
+        );
         let reads_only = TxnRequest {
             compares: Vec::new(),
             success: Vec::new(),
