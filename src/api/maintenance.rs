@@ -1,7 +1,7 @@
-//! The Maintenance service: Status, Alarm (NOSPACE and CORRUPT, [`crate::mvcc::alarm`]), HashKV (etcd's own hash, so the same history hashes
-//! alike on etcd and etcdsql), Hash, Defragment and MoveLeader (this member is the only one,
-//! and always the leader). Snapshots and downgrades answer `Unimplemented`, naming the
-//! operation.
+//! The Maintenance service: Status, Alarm (NOSPACE and CORRUPT, [`crate::mvcc::alarm`]),
+//! HashKV (etcd's own hash, so the same history hashes alike on etcd and etcdsql), Hash,
+//! Defragment and MoveLeader (this member is the only one, and always the leader). Snapshots
+//! and downgrades answer `Unimplemented`, naming the operation.
 
 use tonic::{Request, Response, Status};
 

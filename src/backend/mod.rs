@@ -89,6 +89,11 @@ const RAISE_ALARM: &str = "INSERT INTO meta (name, value) VALUES ($1, 1) \
      ON CONFLICT (name) DO UPDATE SET value = 1 WHERE meta.value = 0";
 const CLEAR_ALARM: &str = "UPDATE meta SET value = 0 WHERE name = $1 AND value = 1";
 
+/// The statement that raises (or clears) an alarm, bound to [`alarm_name`].
+fn set_alarm_statement(raise: bool) -> &'static str {
+    if raise { RAISE_ALARM } else { CLEAR_ALARM }
+}
+
 fn alarm_name(alarm: i32) -> String {
     format!("alarm:{alarm}")
 }

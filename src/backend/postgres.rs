@@ -446,12 +446,7 @@ impl Backend for PostgresBackend {
     }
 
     async fn set_alarm(&self, alarm: i32, raise: bool) -> Result<bool> {
-        let sql = if raise {
-            super::RAISE_ALARM
-        } else {
-            super::CLEAR_ALARM
-        };
-        let done = sqlx::query(sql)
+        let done = sqlx::query(super::set_alarm_statement(raise))
             .bind(super::alarm_name(alarm))
             .execute(&self.pool)
             .await?;

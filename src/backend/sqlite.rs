@@ -377,7 +377,6 @@ impl SqliteBackend {
         })
     }
 
-    /// Waits for the writer connection and opens a write transaction on it.
     /// The writer's connection, any transaction it left open rolled back. Holding it keeps
     /// every other write waiting.
     async fn idle_writer(&self) -> Result<OwnedMappedMutexGuard<Option<WriterConn>, WriterConn>> {
@@ -394,6 +393,7 @@ impl SqliteBackend {
         Ok(conn)
     }
 
+    /// Waits for the writer connection and opens a write transaction on it.
     async fn begin_write(&self) -> Result<SqliteTxn> {
         let mut conn = self.idle_writer().await?;
         // IMMEDIATE takes SQLite's write lock at the start rather than at the first write, so
@@ -533,12 +533,7 @@ impl Backend for SqliteBackend {
 
     async fn set_alarm(&self, alarm: i32, raise: bool) -> Result<bool> {
         let mut conn = self.idle_writer().await?;
-        let sql = if raise {
-            super::RAISE_ALARM
-        } else {
-            super::CLEAR_ALARM
-        };
-        let done = sqlx::query(sql)
+        let done = sqlx::query(super::set_alarm_statement(raise))
             .bind(super::alarm_name(alarm))
             .execute(&mut conn.conn)
             .await?;

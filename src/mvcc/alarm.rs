@@ -96,9 +96,12 @@ impl Alarms {
     }
 
     async fn refresh(&self, backend: &dyn Backend) -> Result<()> {
-        let size = backend.size().await?.total;
+        // Without a quota the size is never compared: no need to measure it.
+        if self.quota.is_some() {
+            let size = backend.size().await?.total;
+            self.size.store(size, Ordering::Relaxed);
+        }
         let raised = backend.alarms().await?;
-        self.size.store(size, Ordering::Relaxed);
         *self.lock() = raised;
         Ok(())
     }
@@ -116,15 +119,19 @@ impl Alarms {
     /// Whether a request that costs `cost` may go ahead; raises NOSPACE (in the database, for
     /// every instance) when it would take the database past the quota.
     pub async fn admit(&self, backend: &dyn Backend, cost: Cost<'_>) -> Result<()> {
-        let raised = self.raised();
-        if raised.contains(&CORRUPT) {
+        // Every write passes here: look at the alarms in place rather than copy them.
+        let (corrupt, nospace) = {
+            let raised = self.lock();
+            (raised.contains(&CORRUPT), raised.contains(&NOSPACE))
+        };
+        if corrupt {
             return Err(Error::Corrupt);
         }
         let bytes = cost.bytes();
         if bytes == 0 {
             return Ok(());
         }
-        if raised.contains(&NOSPACE) {
+        if nospace {
             return Err(Error::NoSpace);
         }
         let Some(quota) = self.quota else {

@@ -308,7 +308,10 @@ fn needs_values(req: &RangeRequest) -> bool {
 
 /// Hands back to the system the memory that the start-up load used and freed (the rows the
 /// indexes were built from, several times the indexes' size): glibc would keep it mapped, and
-/// the process's resident memory would never come down to what it holds.
+/// the process's resident memory would never come down to what it holds. The etcdsql binary
+/// allocates with mimalloc (src/main.rs), which returns freed pages by itself and leaves glibc's
+/// heaps nearly empty; this serves programs that embed the library on glibc's malloc (the
+/// benches and tests).
 fn release_freed_memory() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: malloc_trim takes no pointers; it only returns free pages of the heaps to the kernel.
