@@ -6,6 +6,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/mvccpb/kv.proto",
         "proto/authpb/auth.proto",
         "proto/etcdserverpb/rpc.proto",
+        "proto/v3lockpb/v3lock.proto",
+        "proto/v3electionpb/v3election.proto",
     ];
     for file in files {
         println!("cargo:rerun-if-changed={file}");

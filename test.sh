@@ -47,7 +47,9 @@ bounded() {
 rounds=${ETCDSQL_CONTENDED_ROUNDS:-10}
 cargo build --locked
 bounded 2400 cargo test --locked
-bash tests/contended.sh "$rounds" watch_guarantees reads
+bash tests/contended.sh "$rounds" watch_guarantees reads lock_election
+# The tests that state etcd's behaviour, run against real etcd 3.5 itself.
+bash tests/against_etcd.sh lock_election
 # The benchmark harness in its smoke size: proves it runs against etcd and etcdsql (no timings
 # are asserted); its tables go to a temporary folder.
 cargo test --locked --bench vs_etcd -- --smoke
@@ -81,7 +83,7 @@ if psql "$postgres/postgres" -Atqc 'SELECT 1' >/dev/null 2>&1; then
     export ETCDSQL_TEST_BACKEND=postgres ETCDSQL_TEST_OUTAGE=$outage ETCDSQL_TEST_POSTGRES="$postgres"
     bounded 2400 cargo test --locked
     # The guarantee checker runs over three instances here.
-    contended=(watch_guarantees multi_instance reads)
+    contended=(watch_guarantees multi_instance reads lock_election)
     if [ "$outage" = 1 ]; then contended+=(pg_outage); fi
     bash tests/contended.sh "$rounds" "${contended[@]}"
     unset ETCDSQL_TEST_BACKEND ETCDSQL_TEST_OUTAGE ETCDSQL_TEST_POSTGRES

@@ -12,6 +12,8 @@
 //! - [`backend`]: the log in a database; the only code with SQL.
 //! - [`watch`]: the hub that tails the log and fans new revisions out to watch streams.
 //! - [`lease`]: leases, keep-alives and the expiry loop.
+//! - [`concurrency`]: locks and elections (etcd's Lock and Election services) on the store,
+//!   the lessor and the hub.
 //! - [`pb`]: the generated protobuf types.
 //! - [`compat`]: repairs what old etcd clients send that Rust's HTTP/2 stack would refuse.
 //! - [`config`]: the command line.
@@ -21,6 +23,7 @@
 pub mod api;
 pub mod backend;
 pub mod compat;
+pub mod concurrency;
 pub mod config;
 pub mod lease;
 pub mod listener;

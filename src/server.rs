@@ -23,19 +23,23 @@ use tokio_util::task::TaskTracker;
 use tonic::service::Routes;
 
 use crate::api::cluster::ClusterService;
+use crate::api::election::ElectionService;
 use crate::api::kv::KvService;
 use crate::api::lease::LeaseService;
+use crate::api::lock::LockService;
 use crate::api::maintenance::MaintenanceService;
 use crate::api::watch::WatchService;
 use crate::api::{self, ServerInfo};
 use crate::backend;
 use crate::compat::AuthorityFix;
+use crate::concurrency::Recipes;
 use crate::config::Config;
 use crate::lease::{Lessor, SystemClock};
 use crate::listener::{self, Listener};
 use crate::metrics::{self, Metrics};
 use crate::mvcc::{self, Store, StoreOptions};
 use crate::pb::etcdserverpb as pb;
+use crate::pb::{v3electionpb, v3lockpb};
 use crate::tls;
 use crate::watch::Hub;
 
@@ -150,6 +154,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Runnin
     let lessor = Lessor::new(store.clone(), Arc::new(SystemClock))
         .observe_expiries(metrics.expiry_observer());
     lessor.start_expiry(&tasks, store_shutdown.clone());
+    let recipes = Recipes::new(store.clone(), hub.clone(), lessor.clone());
     let lease = LeaseService::new(lessor, info.clone(), metrics.clone());
     let watch = WatchService::new(
         hub,
@@ -163,6 +168,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Runnin
         &store,
         watch,
         lease,
+        recipes,
         &info,
         config.max_request_bytes,
         &metrics,
@@ -294,6 +300,7 @@ fn build_routes(
     store: &Store,
     watch: WatchService,
     lease: LeaseService,
+    recipes: Recipes,
     info: &ServerInfo,
     max_request_bytes: usize,
     metrics: &Metrics,
@@ -315,11 +322,21 @@ fn build_routes(
     let cluster = pb::cluster_server::ClusterServer::new(ClusterService::new(info.clone()))
         .max_decoding_message_size(max_decoding);
     let lease = pb::lease_server::LeaseServer::new(lease).max_decoding_message_size(max_decoding);
+    let lock =
+        v3lockpb::lock_server::LockServer::new(LockService::new(recipes.clone(), info.clone()))
+            .max_decoding_message_size(max_decoding);
+    let election = v3electionpb::election_server::ElectionServer::new(ElectionService::new(
+        recipes,
+        info.clone(),
+    ))
+    .max_decoding_message_size(max_decoding);
     let mut routes = Routes::new(kv)
         .add_service(watch)
         .add_service(lease)
         .add_service(maintenance)
-        .add_service(cluster);
+        .add_service(cluster)
+        .add_service(lock)
+        .add_service(election);
     let router = routes.axum_router_mut();
     *router = std::mem::take(router)
         .merge(api::http::routes(

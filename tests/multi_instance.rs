@@ -253,3 +253,71 @@ async fn writers_see_each_others_changes_to_the_same_keys() {
     a.stop().await;
     b.stop().await;
 }
+
+/// A lock and an election held through one instance and waited for through another: the waiter
+/// learns of the release from the other instance's commit, by notification, not by polling.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locks_and_elections_pass_between_instances() {
+    if skip() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let slow_poll = |c: &mut etcdsql::Config| c.watch_poll_interval = Duration::from_secs(3600);
+    let a = TestServer::start_with(dir.path(), slow_poll).await;
+    let b = TestServer::start_with(dir.path(), slow_poll).await;
+    let (mut ca, mut cb) = (a.client().await, b.client().await);
+    let first = ca.lease_grant(60, None).await.unwrap().id();
+    let second = cb.lease_grant(60, None).await.unwrap().id();
+
+    let held = ca
+        .lock(
+            "mi-lock",
+            Some(etcd_client::LockOptions::new().with_lease(first)),
+        )
+        .await
+        .unwrap();
+    let waiter = tokio::spawn(async move {
+        let got = cb
+            .lock(
+                "mi-lock",
+                Some(etcd_client::LockOptions::new().with_lease(second)),
+            )
+            .await
+            .unwrap();
+        (cb, got)
+    });
+    // Unlock once the waiter is in line on b.
+    let queued = format!("mi-lock/{second:x}");
+    common::wait_for_key(&mut ca, queued.as_bytes(), true, WAIT).await;
+    ca.unlock(held.key()).await.unwrap();
+    let (mut cb, got) = tokio::time::timeout(WAIT, waiter)
+        .await
+        .expect("the lock passes to b's waiter without polling")
+        .unwrap();
+    assert_eq!(got.key(), queued.as_bytes());
+
+    // b leads; an observer on a sees b's proclamation.
+    let won = cb.campaign("mi-election", "b", second).await.unwrap();
+    let mut observer = ca.observe("mi-election").await.unwrap();
+    let seen = tokio::time::timeout(WAIT, observer.message())
+        .await
+        .expect("the observer reports the leader")
+        .unwrap()
+        .unwrap();
+    assert_eq!(seen.kv().unwrap().value(), b"b");
+    let leader = won.leader().unwrap().clone();
+    cb.proclaim(
+        "b2",
+        Some(etcd_client::ProclaimOptions::new().with_leader(leader)),
+    )
+    .await
+    .unwrap();
+    let seen = tokio::time::timeout(WAIT, observer.message())
+        .await
+        .expect("the observer on a sees b's proclamation without polling")
+        .unwrap()
+        .unwrap();
+    assert_eq!(seen.kv().unwrap().value(), b"b2");
+    a.stop().await;
+    b.stop().await;
+}

@@ -4,9 +4,11 @@
 //! in [`status`].
 
 pub mod cluster;
+pub mod election;
 pub mod http;
 pub mod kv;
 pub mod lease;
+pub mod lock;
 pub mod maintenance;
 pub mod status;
 pub mod watch;

@@ -3,7 +3,7 @@
 
 use tonic::{Code, Status};
 
-use crate::mvcc;
+use crate::{concurrency, mvcc};
 
 /// A request that was rejected before reaching the store.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -31,6 +31,9 @@ pub enum RequestError {
     /// MoveLeader to a member other than this one (the only member there is).
     #[error("etcdserver: bad leader transferee")]
     BadLeaderTransferee,
+    /// Proclaim or Resign without the leadership they act on.
+    #[error("\"leader\" field must be provided")]
+    MissingLeaderKey,
 }
 
 impl From<RequestError> for Status {
@@ -38,6 +41,8 @@ impl From<RequestError> for Status {
         let code = match e {
             RequestError::LeaseTtlTooLarge => Code::OutOfRange,
             RequestError::BadLeaderTransferee => Code::FailedPrecondition,
+            // etcd's election server returns it as a plain error.
+            RequestError::MissingLeaderKey => Code::Unknown,
             _ => Code::InvalidArgument,
         };
         Status::new(code, e.to_string())
@@ -69,6 +74,32 @@ impl From<mvcc::Error> for Status {
             }
             mvcc::Error::Corrupt => Status::data_loss("etcdserver: corrupt cluster"),
             e @ mvcc::Error::IndexOutOfSync { .. } => Status::internal(format!("etcdserver: {e}")),
+        }
+    }
+}
+
+impl From<concurrency::Error> for Status {
+    fn from(e: concurrency::Error) -> Self {
+        match e {
+            // etcd runs locks and elections through its own client, which turns a status it
+            // knows by message into a plain error: the caller gets code Unknown with etcd's
+            // message. What etcd does not know by message (the database is unreachable) keeps
+            // its code.
+            concurrency::Error::Store(e) => {
+                let known = !matches!(
+                    e,
+                    mvcc::Error::Backend(_) | mvcc::Error::IndexOutOfSync { .. }
+                );
+                let status = Status::from(e);
+                if known {
+                    Status::unknown(status.message())
+                } else {
+                    status
+                }
+            }
+            e @ (concurrency::Error::SessionExpired
+            | concurrency::Error::NotLeader
+            | concurrency::Error::NoLeader) => Status::unknown(e.to_string()),
         }
     }
 }

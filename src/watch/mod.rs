@@ -37,6 +37,10 @@
 //!   B-tree ordered by range start, so an event is tested only against ranges that start at or
 //!   before its key, never against every watcher.
 
+mod follow;
+
+pub use follow::RangeFollower;
+
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ops::Bound;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -145,6 +145,28 @@ pub async fn current_revision(c: &mut Client) -> i64 {
     read.header().expect("a header").revision()
 }
 
+/// Polls until `key` exists (`present`) or is gone, failing the test after `bound`.
+pub async fn wait_for_key(c: &mut Client, key: &[u8], present: bool, bound: Duration) {
+    let deadline = tokio::time::Instant::now() + bound;
+    loop {
+        let found = !c.get(key, None).await.expect("get").kvs().is_empty();
+        if found == present {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{} {} after {bound:?}",
+            String::from_utf8_lossy(key),
+            if present {
+                "never appeared"
+            } else {
+                "still exists"
+            }
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// Whether this test run targets PostgreSQL (`ETCDSQL_TEST_BACKEND=postgres`) instead of SQLite.
 pub fn on_postgres() -> bool {
     std::env::var("ETCDSQL_TEST_BACKEND").as_deref() == Ok("postgres")
@@ -179,4 +201,71 @@ pub async fn log_rows(endpoint: &str) -> i64 {
         let pool = sqlx::SqlitePool::connect(endpoint).await.unwrap();
         sqlx::query_scalar(sql).fetch_one(&pool).await.unwrap()
     }
+}
+
+/// Where a test that states etcd's behaviour runs: a fresh etcdsql, or — when
+/// `ETCDSQL_REFERENCE_ENDPOINT` names one (test.sh starts real etcd for it) — a real etcd, so
+/// the same assertions are checked against etcd itself. Tests run this way share the reference
+/// server: they keep to keys under their own [`Target::prefix`].
+pub struct Target {
+    server: Option<TestServer>,
+    url: String,
+    prefix: String,
+}
+
+impl Target {
+    pub async fn start(dir: &Path) -> Self {
+        let test = std::thread::current()
+            .name()
+            .unwrap_or("test")
+            .replace("::", ".");
+        // Unique per run, so reruns against one reference server never meet old keys.
+        let prefix = format!("{test}.{:x}/", rand_suffix());
+        if let Ok(url) = std::env::var("ETCDSQL_REFERENCE_ENDPOINT") {
+            return Self {
+                server: None,
+                url,
+                prefix,
+            };
+        }
+        let server = TestServer::start(dir).await;
+        Self {
+            url: server.url(),
+            server: Some(server),
+            prefix,
+        }
+    }
+
+    /// Whether the assertions run against real etcd.
+    pub fn is_reference(&self) -> bool {
+        self.server.is_none()
+    }
+
+    /// `name` under this test's own prefix.
+    pub fn key(&self, name: &str) -> String {
+        format!("{}{name}", self.prefix)
+    }
+
+    pub async fn client(&self) -> Client {
+        Client::connect([self.url.clone()], None)
+            .await
+            .expect("client connects")
+    }
+
+    pub async fn stop(self) {
+        if let Some(server) = self.server {
+            server.stop().await;
+        }
+    }
+}
+
+fn rand_suffix() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    hasher.finish()
 }
