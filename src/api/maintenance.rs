@@ -1,7 +1,8 @@
 //! The Maintenance service: Status, Alarm (NOSPACE and CORRUPT, [`crate::mvcc::alarm`]),
 //! HashKV (etcd's own hash, so the same history hashes alike on etcd and etcdsql), Hash,
-//! Defragment and MoveLeader (this member is the only one, and always the leader). Snapshots
-//! and downgrades answer `Unimplemented`, naming the operation.
+//! Defragment, MoveLeader (this member is the only one, and always the leader) and Downgrade
+//! (there is never a version to downgrade to). Snapshots answer `Unimplemented`, naming the
+//! operation.
 
 use tonic::{Request, Response, Status};
 
@@ -162,8 +163,63 @@ impl pb::maintenance_server::Maintenance for MaintenanceService {
 
     async fn downgrade(
         &self,
-        _request: Request<pb::DowngradeRequest>,
+        request: Request<pb::DowngradeRequest>,
     ) -> Result<Response<pb::DowngradeResponse>, Status> {
-        Err(unimplemented("downgrade"))
+        use pb::downgrade_request::DowngradeAction;
+        let req = request.into_inner();
+        // etcdsql answers as an etcd with no version to downgrade to: its data has no format
+        // that an older etcd would need, so there is never a downgrade job to validate, start
+        // or cancel. Requests are still checked as etcd checks them, in etcd's order.
+        Err(match DowngradeAction::try_from(req.action) {
+            Ok(DowngradeAction::Validate | DowngradeAction::Enable) => {
+                if cluster_version(&req.version).is_none() {
+                    RequestError::WrongDowngradeVersionFormat
+                } else {
+                    RequestError::InvalidDowngradeTargetVersion
+                }
+            }
+            Ok(DowngradeAction::Cancel) => RequestError::NoInflightDowngrade,
+            Err(_) => RequestError::UnknownMethod,
+        }
+        .into())
+    }
+}
+
+/// The major.minor a downgrade target names, read as etcd reads it: a semantic version
+/// (`3.4.0`, `3.4.1-rc.0+build`) or just `major.minor`.
+fn cluster_version(version: &str) -> Option<(u64, u64)> {
+    let semver = |v: &str| -> Option<(u64, u64)> {
+        // Build metadata and a pre-release tag do not count; the rest is exactly three numbers.
+        let core = v.split_once('+').map_or(v, |(core, _)| core);
+        let core = core.split_once('-').map_or(core, |(core, _)| core);
+        let parts: Vec<&str> = core.split('.').collect();
+        let numbers: Option<Vec<u64>> = parts
+            .iter()
+            .map(|p| {
+                (!p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+                    .then(|| p.parse().ok())
+                    .flatten()
+            })
+            .collect();
+        match numbers?.as_slice() {
+            [major, minor, _patch] => Some((*major, *minor)),
+            _ => None,
+        }
+    };
+    semver(version).or_else(|| semver(&format!("{version}.0")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn downgrade_targets_are_semantic_versions_or_major_minor() {
+        assert_eq!(cluster_version("3.4"), Some((3, 4)));
+        assert_eq!(cluster_version("3.4.0"), Some((3, 4)));
+        assert_eq!(cluster_version("3.4.1-rc.0+build.5"), Some((3, 4)));
+        for wrong in ["", "3", "v3.4", "3.4.x", "3..4", "3.4.0.1", "three.four"] {
+            assert_eq!(cluster_version(wrong), None, "{wrong:?}");
+        }
     }
 }

@@ -31,6 +31,15 @@ pub enum RequestError {
     /// MoveLeader to a member other than this one (the only member there is).
     #[error("etcdserver: bad leader transferee")]
     BadLeaderTransferee,
+    #[error("etcdserver: wrong downgrade target version format")]
+    WrongDowngradeVersionFormat,
+    #[error("etcdserver: invalid downgrade target version")]
+    InvalidDowngradeTargetVersion,
+    #[error("etcdserver: no inflight downgrade job")]
+    NoInflightDowngrade,
+    /// An action etcd does not know, in a request that has a fixed set of them.
+    #[error("etcdserver: unknown method")]
+    UnknownMethod,
     /// Proclaim or Resign without the leadership they act on.
     #[error("\"leader\" field must be provided")]
     MissingLeaderKey,
@@ -41,8 +50,9 @@ impl From<RequestError> for Status {
         let code = match e {
             RequestError::LeaseTtlTooLarge => Code::OutOfRange,
             RequestError::BadLeaderTransferee => Code::FailedPrecondition,
-            // etcd's election server returns it as a plain error.
-            RequestError::MissingLeaderKey => Code::Unknown,
+            RequestError::NoInflightDowngrade => Code::FailedPrecondition,
+            // Plain errors in etcd, not statuses.
+            RequestError::MissingLeaderKey | RequestError::UnknownMethod => Code::Unknown,
             _ => Code::InvalidArgument,
         };
         Status::new(code, e.to_string())
@@ -170,6 +180,21 @@ mod tests {
                 mvcc::Error::Corrupt.into(),
                 Code::DataLoss,
                 "etcdserver: corrupt cluster",
+            ),
+            (
+                RequestError::WrongDowngradeVersionFormat.into(),
+                Code::InvalidArgument,
+                "etcdserver: wrong downgrade target version format",
+            ),
+            (
+                RequestError::InvalidDowngradeTargetVersion.into(),
+                Code::InvalidArgument,
+                "etcdserver: invalid downgrade target version",
+            ),
+            (
+                RequestError::NoInflightDowngrade.into(),
+                Code::FailedPrecondition,
+                "etcdserver: no inflight downgrade job",
             ),
             (
                 RequestError::BadLeaderTransferee.into(),
