@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use clap::Parser;
 
+use crate::auth::TokenKind;
 use crate::tls::MinVersion;
 
 /// An etcd v3-compatible server that keeps its data in SQL.
@@ -131,6 +132,25 @@ pub struct Config {
     )]
     pub client_cert_auth: bool,
 
+    /// Auth tokens, as etcd's flag: `simple` (random tokens that this process remembers), or
+    /// `jwt,pub-key=PATH,priv-key=PATH,sign-method=RS256,ttl=5m` (signed tokens that every
+    /// instance holding the key accepts; HS256/384/512 take the secret from priv-key).
+    #[arg(long, env = "ETCDSQL_AUTH_TOKEN", default_value = "simple", value_parser = parse_auth_token)]
+    pub auth_token: TokenKind,
+
+    /// Seconds a simple auth token lives after its last use.
+    #[arg(long, env = "ETCDSQL_AUTH_TOKEN_TTL", default_value_t = 300)]
+    pub auth_token_ttl: u64,
+
+    /// bcrypt cost of stored password hashes (4-31), as etcd's flag.
+    #[arg(
+        long,
+        env = "ETCDSQL_BCRYPT_COST",
+        default_value_t = 10,
+        value_parser = clap::value_parser!(u32).range(4..=31)
+    )]
+    pub bcrypt_cost: u32,
+
     /// Lowest TLS version accepted on TLS listeners.
     #[arg(
         long,
@@ -172,8 +192,12 @@ fn parse_version(s: &str) -> Result<String, String> {
     }
 }
 
+fn parse_auth_token(s: &str) -> Result<TokenKind, String> {
+    TokenKind::parse(s).map_err(|e| e.to_string())
+}
+
 /// Reads durations such as `10m`, `1m30s`, `250ms` or `2h`.
-fn parse_duration(s: &str) -> Result<Duration, String> {
+pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
     let bad = || format!("{s:?} is not a duration like 10m, 30s or 500ms");
     let mut total = Duration::ZERO;
     let mut rest = s.trim();

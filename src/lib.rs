@@ -12,6 +12,7 @@
 //! - [`backend`]: the log in a database; the only code with SQL.
 //! - [`watch`]: the hub that tails the log and fans new revisions out to watch streams.
 //! - [`lease`]: leases, keep-alives and the expiry loop.
+//! - [`auth`]: users, roles, permissions and tokens (etcd's auth), kept in the database.
 //! - [`concurrency`]: locks and elections (etcd's Lock and Election services) on the store,
 //!   the lessor and the hub.
 //! - [`pb`]: the generated protobuf types.
@@ -21,6 +22,7 @@
 //!   that feed them.
 
 pub mod api;
+pub mod auth;
 pub mod backend;
 pub mod compat;
 pub mod concurrency;

@@ -312,22 +312,44 @@ pub enum Conn {
     UnixTls(Box<TlsStream<UnixStream>>),
 }
 
-/// The TCP addresses of the connection (none for a Unix socket), in tonic's type so that
-/// `Request::remote_addr` keeps working behind TLS.
+/// What every request on a connection carries in its extensions (tonic puts it there).
+#[derive(Clone, Debug)]
+pub struct ConnInfo {
+    /// The TCP addresses (none for a Unix socket).
+    pub tcp: TcpConnectInfo,
+    /// The CommonName of the client certificate, when the client presented one.
+    pub certificate_name: Option<String>,
+}
+
 impl Connected for Conn {
-    type ConnectInfo = TcpConnectInfo;
+    type ConnectInfo = ConnInfo;
 
     fn connect_info(&self) -> Self::ConnectInfo {
-        let tcp = match self {
-            Conn::Tcp(stream) => Some(stream),
-            Conn::TcpTls(stream) => Some(stream.get_ref().0),
-            Conn::Unix(_) | Conn::UnixTls(_) => None,
+        let (tcp, session) = match self {
+            Conn::Tcp(stream) => (Some(stream), None),
+            Conn::TcpTls(stream) => (Some(stream.get_ref().0), Some(stream.get_ref().1)),
+            Conn::Unix(_) => (None, None),
+            Conn::UnixTls(stream) => (None, Some(stream.get_ref().1)),
         };
-        TcpConnectInfo {
-            local_addr: tcp.and_then(|s| s.local_addr().ok()),
-            remote_addr: tcp.and_then(|s| s.peer_addr().ok()),
+        let certificate_name = session
+            .and_then(|s| s.peer_certificates())
+            .and_then(|chain| chain.first())
+            .and_then(|cert| common_name(cert.as_ref()));
+        ConnInfo {
+            tcp: TcpConnectInfo {
+                local_addr: tcp.and_then(|s| s.local_addr().ok()),
+                remote_addr: tcp.and_then(|s| s.peer_addr().ok()),
+            },
+            certificate_name,
         }
     }
+}
+
+/// The first CommonName in a DER certificate's subject.
+fn common_name(der: &[u8]) -> Option<String> {
+    let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
+    let name = cert.subject().iter_common_name().next()?;
+    name.as_str().ok().map(str::to_owned)
 }
 
 macro_rules! delegate {

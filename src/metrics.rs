@@ -1122,6 +1122,27 @@ impl Backend for InstrumentedBackend {
         .await
     }
 
+    async fn auth(&self) -> backend::Result<backend::AuthRecords> {
+        timed(&self.metrics, "auth", self.inner.auth()).await
+    }
+
+    async fn auth_revision(&self) -> backend::Result<i64> {
+        timed(&self.metrics, "auth_revision", self.inner.auth_revision()).await
+    }
+
+    async fn replace_auth(
+        &self,
+        expected: i64,
+        next: &backend::AuthRecords,
+    ) -> backend::Result<bool> {
+        timed(
+            &self.metrics,
+            "replace_auth",
+            self.inner.replace_auth(expected, next),
+        )
+        .await
+    }
+
     fn commit_notifications(&self) -> Option<tokio::sync::watch::Receiver<i64>> {
         self.inner.commit_notifications()
     }

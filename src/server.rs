@@ -22,6 +22,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tonic::service::Routes;
 
+use crate::api::auth::{AuthService, Callers};
 use crate::api::cluster::ClusterService;
 use crate::api::election::ElectionService;
 use crate::api::kv::KvService;
@@ -30,6 +31,7 @@ use crate::api::lock::LockService;
 use crate::api::maintenance::MaintenanceService;
 use crate::api::watch::WatchService;
 use crate::api::{self, ServerInfo};
+use crate::auth::{self, AuthStore};
 use crate::backend;
 use crate::compat::AuthorityFix;
 use crate::concurrency::Recipes;
@@ -58,6 +60,8 @@ pub enum Error {
     Backend(#[from] backend::Error),
     #[error(transparent)]
     Store(#[from] mvcc::Error),
+    #[error(transparent)]
+    Auth(#[from] auth::Error),
     #[error("serving failed: {0}")]
     Transport(#[from] tonic::transport::Error),
 }
@@ -155,7 +159,19 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Runnin
         .observe_expiries(metrics.expiry_observer());
     lessor.start_expiry(&tasks, store_shutdown.clone());
     let recipes = Recipes::new(store.clone(), hub.clone(), lessor.clone());
-    let lease = LeaseService::new(lessor, info.clone(), metrics.clone());
+    let auth = AuthStore::start(
+        backend.clone(),
+        &auth::Options {
+            token: config.auth_token.clone(),
+            simple_token_ttl: Duration::from_secs(config.auth_token_ttl),
+            bcrypt_cost: config.bcrypt_cost,
+        },
+        &tasks,
+        store_shutdown.clone(),
+    )
+    .await?;
+    let callers = Callers::new(auth, config.client_cert_auth);
+    let lease = LeaseService::new(lessor, info.clone(), metrics.clone(), callers.clone());
     let watch = WatchService::new(
         hub,
         store.clone(),
@@ -163,17 +179,10 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Runnin
         config.watch_progress_notify_interval,
         shutdown.clone(),
         metrics.clone(),
+        callers.clone(),
     );
-    let routes = build_routes(
-        &store,
-        watch,
-        lease,
-        recipes,
-        &info,
-        config.max_request_bytes,
-        &metrics,
-    )
-    .add_service(health_service);
+    let routes = build_routes(&store, watch, lease, recipes, &callers, &info, &metrics)
+        .add_service(health_service);
     let metrics_routes = Routes::from(api::http::metrics_routes(
         store.clone(),
         info.clone(),
@@ -301,32 +310,47 @@ fn build_routes(
     watch: WatchService,
     lease: LeaseService,
     recipes: Recipes,
+    callers: &Callers,
     info: &ServerInfo,
-    max_request_bytes: usize,
     metrics: &Metrics,
 ) -> Routes {
-    let max_decoding = max_request_bytes + GRPC_OVERHEAD_BYTES;
+    let max_decoding = info.max_request_bytes + GRPC_OVERHEAD_BYTES;
     // Responses are not limited: a page of 10,000 keys is large.
-    let kv =
-        pb::kv_server::KvServer::new(KvService::new(store.clone(), info.clone(), metrics.clone()))
-            .max_decoding_message_size(max_decoding)
-            .max_encoding_message_size(usize::MAX);
+    let kv = pb::kv_server::KvServer::new(KvService::new(
+        store.clone(),
+        info.clone(),
+        metrics.clone(),
+        callers.clone(),
+    ))
+    .max_decoding_message_size(max_decoding)
+    .max_encoding_message_size(usize::MAX);
     let watch = pb::watch_server::WatchServer::new(watch)
         .max_decoding_message_size(max_decoding)
         .max_encoding_message_size(usize::MAX);
     let maintenance = pb::maintenance_server::MaintenanceServer::new(MaintenanceService::new(
         store.clone(),
         info.clone(),
+        callers.clone(),
     ))
     .max_decoding_message_size(max_decoding);
     let cluster = pb::cluster_server::ClusterServer::new(ClusterService::new(info.clone()))
         .max_decoding_message_size(max_decoding);
     let lease = pb::lease_server::LeaseServer::new(lease).max_decoding_message_size(max_decoding);
-    let lock =
-        v3lockpb::lock_server::LockServer::new(LockService::new(recipes.clone(), info.clone()))
-            .max_decoding_message_size(max_decoding);
+    let lock = v3lockpb::lock_server::LockServer::new(LockService::new(
+        recipes.clone(),
+        info.clone(),
+        callers.clone(),
+    ))
+    .max_decoding_message_size(max_decoding);
     let election = v3electionpb::election_server::ElectionServer::new(ElectionService::new(
         recipes,
+        info.clone(),
+        callers.clone(),
+    ))
+    .max_decoding_message_size(max_decoding);
+    let auth = pb::auth_server::AuthServer::new(AuthService::new(
+        callers.clone(),
+        store.clone(),
         info.clone(),
     ))
     .max_decoding_message_size(max_decoding);
@@ -336,7 +360,8 @@ fn build_routes(
         .add_service(maintenance)
         .add_service(cluster)
         .add_service(lock)
-        .add_service(election);
+        .add_service(election)
+        .add_service(auth);
     let router = routes.axum_router_mut();
     *router = std::mem::take(router)
         .merge(api::http::routes(

@@ -146,9 +146,25 @@ async fn defragment_move_leader_and_unserved_services() {
     assert_eq!(refused.code(), tonic::Code::FailedPrecondition);
     assert_eq!(refused.message(), "etcdserver: bad leader transferee");
 
-    let unserved = common::status(c.auth_client().auth_disable().await.unwrap_err());
+    // A service etcdsql does not serve is named in the answer, as grpc-go names it.
+    let mut channel = tonic::client::Grpc::new(
+        tonic::transport::Channel::from_shared(server.url())
+            .unwrap()
+            .connect()
+            .await
+            .unwrap(),
+    );
+    channel.ready().await.unwrap();
+    let unserved = channel
+        .unary::<_, (), _>(
+            tonic::Request::new(()),
+            "/etcdserverpb.Nowhere/Nothing".parse().unwrap(),
+            tonic_prost::ProstCodec::default(),
+        )
+        .await
+        .unwrap_err();
     assert_eq!(unserved.code(), tonic::Code::Unimplemented);
-    assert_eq!(unserved.message(), "unknown service etcdserverpb.Auth");
+    assert_eq!(unserved.message(), "unknown service etcdserverpb.Nowhere");
     server.stop().await;
 }
 

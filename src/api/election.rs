@@ -5,10 +5,13 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
 use super::ServerInfo;
+use super::auth::Callers;
 use super::kv::kv_to_pb;
 use super::status::RequestError;
-use crate::concurrency::Recipes;
+use crate::auth::Access;
 use crate::concurrency::election::Leadership;
+use crate::concurrency::{Recipes, holders};
+use crate::mvcc::types::KeyRange;
 use crate::pb::v3electionpb as pb;
 
 /// Leader updates an Observe stream may have waiting for the client.
@@ -17,11 +20,27 @@ const OBSERVE_QUEUE: usize = 16;
 pub struct ElectionService {
     recipes: Recipes,
     info: ServerInfo,
+    callers: Callers,
 }
 
 impl ElectionService {
-    pub fn new(recipes: Recipes, info: ServerInfo) -> Self {
-        Self { recipes, info }
+    pub fn new(recipes: Recipes, info: ServerInfo, callers: Callers) -> Self {
+        Self {
+            recipes,
+            info,
+            callers,
+        }
+    }
+
+    /// etcd runs the recipes with the caller's own token; these are the keys they touch.
+    fn check<T>(&self, request: &Request<T>, keys: &KeyRange, write: bool) -> Result<(), Status> {
+        let caller = self.callers.of(request)?;
+        let auth = self.callers.auth();
+        auth.check_keys(caller.as_ref(), keys, Access::Read)?;
+        if write {
+            auth.check_keys(caller.as_ref(), keys, Access::Write)?;
+        }
+        Ok(())
     }
 }
 
@@ -41,6 +60,7 @@ impl pb::election_server::Election for ElectionService {
         &self,
         request: Request<pb::CampaignRequest>,
     ) -> Result<Response<pb::CampaignResponse>, Status> {
+        self.check(&request, &holders(&request.get_ref().name), true)?;
         let req = request.into_inner();
         let (leader, revision) = self
             .recipes
@@ -61,8 +81,9 @@ impl pb::election_server::Election for ElectionService {
         &self,
         request: Request<pb::ProclaimRequest>,
     ) -> Result<Response<pb::ProclaimResponse>, Status> {
+        let leader = leadership(request.get_ref().leader.clone())?;
+        self.check(&request, &KeyRange::single(leader.key.clone()), true)?;
         let req = request.into_inner();
-        let leader = leadership(req.leader)?;
         let revision = self.recipes.proclaim(&leader, &req.value).await?;
         Ok(Response::new(pb::ProclaimResponse {
             header: self.info.header(revision),
@@ -73,6 +94,7 @@ impl pb::election_server::Election for ElectionService {
         &self,
         request: Request<pb::LeaderRequest>,
     ) -> Result<Response<pb::LeaderResponse>, Status> {
+        self.check(&request, &holders(&request.get_ref().name), false)?;
         let (revision, kv) = self.recipes.leader(&request.into_inner().name).await?;
         Ok(Response::new(pb::LeaderResponse {
             header: self.info.header(revision),
@@ -86,6 +108,7 @@ impl pb::election_server::Election for ElectionService {
         &self,
         request: Request<pb::LeaderRequest>,
     ) -> Result<Response<Self::ObserveStream>, Status> {
+        self.check(&request, &holders(&request.get_ref().name), false)?;
         let name = request.into_inner().name;
         let (leaders, mut updates) = mpsc::channel(OBSERVE_QUEUE);
         let (out, responses) = mpsc::channel(OBSERVE_QUEUE);
@@ -121,7 +144,8 @@ impl pb::election_server::Election for ElectionService {
         &self,
         request: Request<pb::ResignRequest>,
     ) -> Result<Response<pb::ResignResponse>, Status> {
-        let leader = leadership(request.into_inner().leader)?;
+        let leader = leadership(request.get_ref().leader.clone())?;
+        self.check(&request, &KeyRange::single(leader.key.clone()), true)?;
         let revision = self.recipes.resign(&leader).await?;
         Ok(Response::new(pb::ResignResponse {
             header: self.info.header(revision),

@@ -8,6 +8,7 @@ use std::collections::HashSet;
 use tonic::{Request, Response, Status};
 
 use super::ServerInfo;
+use super::auth::{Callers, Credentials};
 use super::status::RequestError;
 use crate::metrics::{Metrics, OpCounts};
 use crate::mvcc::Store;
@@ -23,14 +24,16 @@ pub struct KvService {
     store: Store,
     info: ServerInfo,
     metrics: Metrics,
+    callers: Callers,
 }
 
 impl KvService {
-    pub fn new(store: Store, info: ServerInfo, metrics: Metrics) -> Self {
+    pub fn new(store: Store, info: ServerInfo, metrics: Metrics, callers: Callers) -> Self {
         Self {
             store,
             info,
             metrics,
+            callers,
         }
     }
 }
@@ -41,9 +44,12 @@ impl pb::kv_server::Kv for KvService {
         &self,
         request: Request<pb::RangeRequest>,
     ) -> Result<Response<pb::RangeResponse>, Status> {
+        let credentials = Credentials::of(&request);
         let req = request.into_inner();
         self.info.check_size(&req)?;
         let range = convert_range(req)?;
+        let caller = self.callers.resolve(&credentials)?;
+        self.callers.auth().check_range(caller.as_ref(), &range)?;
         let out = self.store.range(&range).await?;
         self.metrics.record_ops(OpCounts {
             ranges: 1,
@@ -59,9 +65,12 @@ impl pb::kv_server::Kv for KvService {
         &self,
         request: Request<pb::PutRequest>,
     ) -> Result<Response<pb::PutResponse>, Status> {
+        let credentials = Credentials::of(&request);
         let req = request.into_inner();
         self.info.check_size(&req)?;
         let put = convert_put(req)?;
+        let caller = self.callers.resolve(&credentials)?;
+        self.callers.auth().check_put(caller.as_ref(), &put)?;
         let out = self.store.put(put).await?;
         self.metrics.record_ops(OpCounts {
             puts: 1,
@@ -77,9 +86,12 @@ impl pb::kv_server::Kv for KvService {
         &self,
         request: Request<pb::DeleteRangeRequest>,
     ) -> Result<Response<pb::DeleteRangeResponse>, Status> {
+        let credentials = Credentials::of(&request);
         let req = request.into_inner();
         self.info.check_size(&req)?;
         let delete = convert_delete(req)?;
+        let caller = self.callers.resolve(&credentials)?;
+        self.callers.auth().check_delete(caller.as_ref(), &delete)?;
         let out = self.store.delete(delete).await?;
         self.metrics.record_ops(OpCounts {
             deletes: 1,
@@ -95,9 +107,12 @@ impl pb::kv_server::Kv for KvService {
         &self,
         request: Request<pb::TxnRequest>,
     ) -> Result<Response<pb::TxnResponse>, Status> {
+        let credentials = Credentials::of(&request);
         let req = request.into_inner();
         self.info.check_size(&req)?;
         let txn = convert_txn(req, self.info.max_txn_ops)?;
+        let caller = self.callers.resolve(&credentials)?;
+        self.callers.auth().check_txn(caller.as_ref(), &txn)?;
         let out = self.store.txn(txn).await?;
         self.metrics.record_ops(OpCounts::of_txn(&out.value));
         Ok(Response::new(txn_to_pb(
@@ -111,6 +126,7 @@ impl pb::kv_server::Kv for KvService {
         &self,
         request: Request<pb::CompactionRequest>,
     ) -> Result<Response<pb::CompactionResponse>, Status> {
+        self.callers.require_admin(&request)?;
         let req = request.into_inner();
         let current = self.store.compact(req.revision, req.physical).await?;
         Ok(Response::new(pb::CompactionResponse {

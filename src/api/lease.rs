@@ -5,7 +5,9 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::ServerInfo;
+use super::auth::Callers;
 use super::status::RequestError;
+use crate::auth::Access;
 use crate::lease::{Lessor, MAX_TTL};
 use crate::metrics::Metrics;
 use crate::pb::etcdserverpb as pb;
@@ -17,14 +19,16 @@ pub struct LeaseService {
     lessor: Lessor,
     info: ServerInfo,
     metrics: Metrics,
+    callers: Callers,
 }
 
 impl LeaseService {
-    pub fn new(lessor: Lessor, info: ServerInfo, metrics: Metrics) -> Self {
+    pub fn new(lessor: Lessor, info: ServerInfo, metrics: Metrics, callers: Callers) -> Self {
         Self {
             lessor,
             info,
             metrics,
+            callers,
         }
     }
 }
@@ -53,7 +57,18 @@ impl pb::lease_server::Lease for LeaseService {
         &self,
         request: Request<pb::LeaseRevokeRequest>,
     ) -> Result<Response<pb::LeaseRevokeResponse>, Status> {
-        let revision = self.lessor.revoke(request.into_inner().id).await?;
+        let caller = self.callers.of(&request)?;
+        let id = request.into_inner().id;
+        if self.callers.auth().state().enabled {
+            // Revoking deletes the lease's keys: the caller must be allowed to write each.
+            let attached = self.lessor.time_to_live(id, true).await?;
+            for key in attached.value.map(|l| l.keys).unwrap_or_default() {
+                self.callers
+                    .auth()
+                    .check(caller.as_ref(), &key, &[], Access::Write)?;
+            }
+        }
+        let revision = self.lessor.revoke(id).await?;
         self.metrics.lease_revoked();
         Ok(Response::new(pb::LeaseRevokeResponse {
             header: self.info.header(revision),

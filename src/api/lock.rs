@@ -3,17 +3,24 @@
 use tonic::{Request, Response, Status};
 
 use super::ServerInfo;
-use crate::concurrency::Recipes;
+use super::auth::Callers;
+use crate::auth::Access;
+use crate::concurrency::{Recipes, holders};
 use crate::pb::v3lockpb as pb;
 
 pub struct LockService {
     recipes: Recipes,
     info: ServerInfo,
+    callers: Callers,
 }
 
 impl LockService {
-    pub fn new(recipes: Recipes, info: ServerInfo) -> Self {
-        Self { recipes, info }
+    pub fn new(recipes: Recipes, info: ServerInfo, callers: Callers) -> Self {
+        Self {
+            recipes,
+            info,
+            callers,
+        }
     }
 }
 
@@ -23,7 +30,15 @@ impl pb::lock_server::Lock for LockService {
         &self,
         request: Request<pb::LockRequest>,
     ) -> Result<Response<pb::LockResponse>, Status> {
+        let caller = self.callers.of(&request)?;
         let req = request.into_inner();
+        // etcd runs the recipe with the caller's own token: it reads and writes the holders.
+        let holders = holders(&req.name);
+        for access in [Access::Read, Access::Write] {
+            self.callers
+                .auth()
+                .check_keys(caller.as_ref(), &holders, access)?;
+        }
         let held = self.recipes.lock(&req.name, req.lease).await?;
         Ok(Response::new(pb::LockResponse {
             header: self.info.header(held.revision),
@@ -35,7 +50,12 @@ impl pb::lock_server::Lock for LockService {
         &self,
         request: Request<pb::UnlockRequest>,
     ) -> Result<Response<pb::UnlockResponse>, Status> {
-        let revision = self.recipes.unlock(&request.into_inner().key).await?;
+        let caller = self.callers.of(&request)?;
+        let key = request.into_inner().key;
+        self.callers
+            .auth()
+            .check(caller.as_ref(), &key, &[], Access::Write)?;
+        let revision = self.recipes.unlock(&key).await?;
         Ok(Response::new(pb::UnlockResponse {
             header: self.info.header(revision),
         }))

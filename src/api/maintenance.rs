@@ -2,10 +2,11 @@
 //! HashKV (etcd's own hash, so the same history hashes alike on etcd and etcdsql), Hash,
 //! Defragment, MoveLeader (this member is the only one, and always the leader) and Downgrade
 //! (there is never a version to downgrade to). Snapshots answer `Unimplemented`, naming the
-//! operation.
+//! operation. While auth is on, everything but Alarm is root's, as in etcd.
 
 use tonic::{Request, Response, Status};
 
+use super::auth::Callers;
 use super::status::RequestError;
 use super::{RAFT_TERM, ServerInfo};
 use crate::mvcc::Store;
@@ -14,11 +15,16 @@ use crate::pb::etcdserverpb as pb;
 pub struct MaintenanceService {
     store: Store,
     info: ServerInfo,
+    callers: Callers,
 }
 
 impl MaintenanceService {
-    pub fn new(store: Store, info: ServerInfo) -> Self {
-        Self { store, info }
+    pub fn new(store: Store, info: ServerInfo, callers: Callers) -> Self {
+        Self {
+            store,
+            info,
+            callers,
+        }
     }
 }
 
@@ -77,8 +83,9 @@ impl pb::maintenance_server::Maintenance for MaintenanceService {
 
     async fn status(
         &self,
-        _request: Request<pb::StatusRequest>,
+        request: Request<pb::StatusRequest>,
     ) -> Result<Response<pb::StatusResponse>, Status> {
+        self.callers.require_admin(&request)?;
         let revisions = self.store.revisions().await?;
         let size = self.store.size().await?;
         let index = u64::try_from(revisions.current).unwrap_or_default();
@@ -105,8 +112,9 @@ impl pb::maintenance_server::Maintenance for MaintenanceService {
 
     async fn defragment(
         &self,
-        _request: Request<pb::DefragmentRequest>,
+        request: Request<pb::DefragmentRequest>,
     ) -> Result<Response<pb::DefragmentResponse>, Status> {
+        self.callers.require_admin(&request)?;
         self.store.defragment().await?;
         let revisions = self.store.revisions().await?;
         Ok(Response::new(pb::DefragmentResponse {
@@ -116,8 +124,9 @@ impl pb::maintenance_server::Maintenance for MaintenanceService {
 
     async fn hash(
         &self,
-        _request: Request<pb::HashRequest>,
+        request: Request<pb::HashRequest>,
     ) -> Result<Response<pb::HashResponse>, Status> {
+        self.callers.require_admin(&request)?;
         let (hash, current) = self.store.hash_log().await?;
         Ok(Response::new(pb::HashResponse {
             header: self.info.header(current),
@@ -129,6 +138,7 @@ impl pb::maintenance_server::Maintenance for MaintenanceService {
         &self,
         request: Request<pb::HashKvRequest>,
     ) -> Result<Response<pb::HashKvResponse>, Status> {
+        self.callers.require_admin(&request)?;
         let out = self.store.hash_kv(request.get_ref().revision).await?;
         Ok(Response::new(pb::HashKvResponse {
             header: self.info.header(out.current),
@@ -142,8 +152,9 @@ impl pb::maintenance_server::Maintenance for MaintenanceService {
 
     async fn snapshot(
         &self,
-        _request: Request<pb::SnapshotRequest>,
+        request: Request<pb::SnapshotRequest>,
     ) -> Result<Response<Self::SnapshotStream>, Status> {
+        self.callers.require_admin(&request)?;
         Err(unimplemented("snapshot"))
     }
 
@@ -151,6 +162,7 @@ impl pb::maintenance_server::Maintenance for MaintenanceService {
         &self,
         request: Request<pb::MoveLeaderRequest>,
     ) -> Result<Response<pb::MoveLeaderResponse>, Status> {
+        self.callers.require_admin(&request)?;
         // Leadership can only move to this member, which has it already.
         if request.get_ref().target_id != self.info.member_id {
             return Err(RequestError::BadLeaderTransferee.into());
@@ -165,6 +177,7 @@ impl pb::maintenance_server::Maintenance for MaintenanceService {
         &self,
         request: Request<pb::DowngradeRequest>,
     ) -> Result<Response<pb::DowngradeResponse>, Status> {
+        self.callers.require_admin(&request)?;
         use pb::downgrade_request::DowngradeAction;
         let req = request.into_inner();
         // etcdsql answers as an etcd with no version to downgrade to: its data has no format

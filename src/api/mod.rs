@@ -3,6 +3,7 @@
 //! Requests are validated here, once, as they are converted; errors become `tonic::Status` only
 //! in [`status`].
 
+pub mod auth;
 pub mod cluster;
 pub mod election;
 pub mod http;

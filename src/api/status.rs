@@ -3,7 +3,8 @@
 
 use tonic::{Code, Status};
 
-use crate::{concurrency, mvcc};
+use crate::auth::AuthError;
+use crate::{auth, concurrency, mvcc};
 
 /// A request that was rejected before reaching the store.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -84,6 +85,45 @@ impl From<mvcc::Error> for Status {
             }
             mvcc::Error::Corrupt => Status::data_loss("etcdserver: corrupt cluster"),
             e @ mvcc::Error::IndexOutOfSync { .. } => Status::internal(format!("etcdserver: {e}")),
+        }
+    }
+}
+
+impl From<AuthError> for Status {
+    fn from(e: AuthError) -> Self {
+        let code = match e {
+            AuthError::RootUserNotExist
+            | AuthError::RootRoleNotExist
+            | AuthError::UserAlreadyExist
+            | AuthError::UserNotFound
+            | AuthError::RoleAlreadyExist
+            | AuthError::RoleNotFound
+            | AuthError::RoleNotGranted
+            | AuthError::PermissionNotGranted
+            | AuthError::AuthNotEnabled => Code::FailedPrecondition,
+            AuthError::UserEmpty
+            | AuthError::RoleEmpty
+            | AuthError::AuthFailed
+            | AuthError::PermissionNotGiven
+            | AuthError::InvalidAuthMgmt
+            | AuthError::AuthOldRevision => Code::InvalidArgument,
+            AuthError::PermissionDenied => Code::PermissionDenied,
+            AuthError::InvalidAuthToken => Code::Unauthenticated,
+            // A plain error in etcd, not a status.
+            AuthError::NoPasswordUser => Code::Unknown,
+        };
+        Status::new(code, e.to_string())
+    }
+}
+
+impl From<auth::Error> for Status {
+    fn from(e: auth::Error) -> Self {
+        match e {
+            auth::Error::Auth(e) => e.into(),
+            auth::Error::Backend(e) => mvcc::Error::from(e).into(),
+            e @ (auth::Error::Token(_) | auth::Error::Corrupt(_) | auth::Error::Hash(_)) => {
+                Status::internal(format!("etcdserver: {e}"))
+            }
         }
     }
 }

@@ -39,7 +39,9 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::ServerInfo;
+use super::auth::{Callers, Credentials};
 use super::kv::kv_to_pb;
+use crate::auth::Access;
 use crate::metrics::{Metrics, WatchGauges};
 use crate::mvcc::Store;
 use crate::mvcc::types::KeyRange;
@@ -66,6 +68,7 @@ pub struct WatchService {
     progress_interval: Duration,
     shutdown: CancellationToken,
     metrics: Metrics,
+    callers: Callers,
 }
 
 impl WatchService {
@@ -76,6 +79,7 @@ impl WatchService {
         progress_interval: Duration,
         shutdown: CancellationToken,
         metrics: Metrics,
+        callers: Callers,
     ) -> Self {
         Self {
             hub,
@@ -84,6 +88,7 @@ impl WatchService {
             progress_interval,
             shutdown,
             metrics,
+            callers,
         }
     }
 }
@@ -96,6 +101,7 @@ impl pb::watch_server::Watch for WatchService {
         &self,
         request: Request<Streaming<pb::WatchRequest>>,
     ) -> Result<Response<Self::WatchStream>, Status> {
+        let credentials = Credentials::of(&request);
         let inbound = request.into_inner();
         let (out, responses) = mpsc::channel(OUT_QUEUE);
         let (sub, batches) = self.hub.subscribe();
@@ -111,6 +117,8 @@ impl pb::watch_server::Watch for WatchService {
             compact: 0,
             gauges: self.metrics.watch_stream(),
             metrics: self.metrics.clone(),
+            callers: self.callers.clone(),
+            credentials,
         };
         tokio::spawn(stream.run(
             inbound,
@@ -201,6 +209,9 @@ struct WatchStream {
     /// This stream's watchers in the watcher gauges; released when the stream ends.
     gauges: WatchGauges,
     metrics: Metrics,
+    callers: Callers,
+    /// The stream's token or certificate, resolved again at each create.
+    credentials: Credentials,
 }
 
 impl WatchStream {
@@ -402,6 +413,21 @@ impl WatchStream {
             response.cancel_reason = reason.to_owned();
             response
         };
+        let permitted = self.callers.resolve(&self.credentials).and_then(|caller| {
+            self.callers
+                .auth()
+                .check_keys(caller.as_ref(), &range, Access::Read)
+        });
+        if let Err(denied) = permitted {
+            // etcd sends the gRPC error's text, code included.
+            let status = Status::from(denied);
+            let reason = format!(
+                "rpc error: code = {} desc = {}",
+                grpc_code_name(status.code()),
+                status.message()
+            );
+            return self.send(refuse(-1, &reason)).await;
+        }
         if range.is_empty() {
             return self.send(refuse(-1, EMPTY_RANGE)).await;
         }
@@ -636,6 +662,30 @@ impl WatchStream {
             self.send(self.response(id, revision)).await?;
         }
         Ok(())
+    }
+}
+
+/// A gRPC code as Go's grpc library names it in error texts.
+fn grpc_code_name(code: tonic::Code) -> &'static str {
+    use tonic::Code;
+    match code {
+        Code::Ok => "OK",
+        Code::Cancelled => "Canceled",
+        Code::Unknown => "Unknown",
+        Code::InvalidArgument => "InvalidArgument",
+        Code::DeadlineExceeded => "DeadlineExceeded",
+        Code::NotFound => "NotFound",
+        Code::AlreadyExists => "AlreadyExists",
+        Code::PermissionDenied => "PermissionDenied",
+        Code::ResourceExhausted => "ResourceExhausted",
+        Code::FailedPrecondition => "FailedPrecondition",
+        Code::Aborted => "Aborted",
+        Code::OutOfRange => "OutOfRange",
+        Code::Unimplemented => "Unimplemented",
+        Code::Internal => "Internal",
+        Code::Unavailable => "Unavailable",
+        Code::DataLoss => "DataLoss",
+        Code::Unauthenticated => "Unauthenticated",
     }
 }
 

@@ -107,6 +107,41 @@ fn alarm_numbers(names: &[String]) -> Vec<i32> {
     alarms
 }
 
+/// etcd's auth store as the database keeps it: the records are authpb protobuf, which only
+/// `crate::auth` reads.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AuthRecords {
+    pub enabled: bool,
+    pub revision: i64,
+    /// (name, encoded `authpb.User`), by name.
+    pub users: Vec<(String, Vec<u8>)>,
+    /// (name, encoded `authpb.Role`), by name.
+    pub roles: Vec<(String, Vec<u8>)>,
+}
+
+/// The auth statements, the same in both dialects.
+const AUTH_META: &str =
+    "SELECT name, value FROM meta WHERE name IN ('auth_enabled', 'auth_revision')";
+const AUTH_USERS: &str = "SELECT name, record FROM auth_users ORDER BY name";
+const AUTH_ROLES: &str = "SELECT name, record FROM auth_roles ORDER BY name";
+const AUTH_REVISION: &str = "SELECT value FROM meta WHERE name = 'auth_revision'";
+const AUTH_SET_META: &str = "UPDATE meta SET value = $1 WHERE name = $2";
+const AUTH_INSERT_USER: &str = "INSERT INTO auth_users (name, record) VALUES ($1, $2)";
+const AUTH_INSERT_ROLE: &str = "INSERT INTO auth_roles (name, record) VALUES ($1, $2)";
+
+impl AuthRecords {
+    /// The flags from the rows of [`AUTH_META`] (both rows exist from the migration on).
+    fn with_meta(mut self, rows: Vec<(String, i64)>) -> Self {
+        for (name, value) in rows {
+            match name.as_str() {
+                "auth_enabled" => self.enabled = value != 0,
+                _ => self.revision = value,
+            }
+        }
+        self
+    }
+}
+
 /// The statement both backends read their revision counters with (their `meta` table).
 const META_REVISIONS: &str =
     "SELECT name, value FROM meta WHERE name IN ('current_revision', 'compact_revision')";
@@ -206,6 +241,13 @@ pub trait Backend: Send + Sync + 'static {
     async fn alarms(&self) -> Result<Vec<i32>>;
     /// Raises or clears an alarm; whether that changed anything.
     async fn set_alarm(&self, alarm: i32, raise: bool) -> Result<bool>;
+    /// The whole auth store.
+    async fn auth(&self) -> Result<AuthRecords>;
+    /// The auth revision alone, to learn cheaply whether another instance changed the store.
+    async fn auth_revision(&self) -> Result<i64>;
+    /// Replaces the auth store with `next`, durably, if its revision is still `expected`;
+    /// returns whether it did. Instances on one database change it one at a time.
+    async fn replace_auth(&self, expected: i64, next: &AuthRecords) -> Result<bool>;
     /// Makes every write transaction committed so far durable. A backend whose commit is durable
     /// by itself (PostgreSQL) has nothing to do; SQLite's commit only writes, and this fsyncs.
     async fn sync(&self) -> Result<()> {

@@ -27,8 +27,8 @@ use sqlx::{ConnectOptions, Postgres, Transaction};
 use tokio::sync::watch;
 
 use super::{
-    Backend, DbSize, LeaseRow, LogRow, PoolOptions, RangeEnd, ReadTxn, Result, Revisions, Scan,
-    WriteTxn, decode_row,
+    AuthRecords, Backend, DbSize, LeaseRow, LogRow, PoolOptions, RangeEnd, ReadTxn, Result,
+    Revisions, Scan, WriteTxn, decode_row,
 };
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/postgres");
@@ -451,6 +451,77 @@ impl Backend for PostgresBackend {
             .execute(&self.pool)
             .await?;
         Ok(done.rows_affected() > 0)
+    }
+
+    async fn auth(&self) -> Result<AuthRecords> {
+        // One snapshot, so the records and the revision belong together.
+        let mut tx = self.pool.begin().await?;
+        sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            .execute(&mut *tx)
+            .await?;
+        let meta: Vec<(String, i64)> = sqlx::query_as(super::AUTH_META).fetch_all(&mut *tx).await?;
+        let users = sqlx::query_as(super::AUTH_USERS)
+            .fetch_all(&mut *tx)
+            .await?;
+        let roles = sqlx::query_as(super::AUTH_ROLES)
+            .fetch_all(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(AuthRecords {
+            users,
+            roles,
+            ..AuthRecords::default()
+        }
+        .with_meta(meta))
+    }
+
+    async fn auth_revision(&self) -> Result<i64> {
+        Ok(sqlx::query_scalar(super::AUTH_REVISION)
+            .fetch_one(&self.pool)
+            .await?)
+    }
+
+    async fn replace_auth(&self, expected: i64, next: &AuthRecords) -> Result<bool> {
+        let mut tx = self.pool.begin().await?;
+        // The row lock makes instances change the auth store one at a time; the check below
+        // then sees the revision the previous change committed.
+        let current: i64 =
+            sqlx::query_scalar("SELECT value FROM meta WHERE name = 'auth_revision' FOR UPDATE")
+                .fetch_one(&mut *tx)
+                .await?;
+        if current != expected {
+            return Ok(false);
+        }
+        sqlx::query("DELETE FROM auth_users")
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query("DELETE FROM auth_roles")
+            .execute(&mut *tx)
+            .await?;
+        for (statement, records) in [
+            (super::AUTH_INSERT_USER, &next.users),
+            (super::AUTH_INSERT_ROLE, &next.roles),
+        ] {
+            for (name, record) in records {
+                sqlx::query(statement)
+                    .bind(name)
+                    .bind(record)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+        }
+        for (name, value) in [
+            ("auth_enabled", i64::from(next.enabled)),
+            ("auth_revision", next.revision),
+        ] {
+            sqlx::query(super::AUTH_SET_META)
+                .bind(value)
+                .bind(name)
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        Ok(true)
     }
 
     async fn defragment(&self) -> Result<()> {

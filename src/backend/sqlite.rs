@@ -38,8 +38,8 @@ use sqlx::{Arguments, Connection, Row};
 use tokio::sync::{Mutex, OwnedMappedMutexGuard, OwnedMutexGuard, OwnedSemaphorePermit, Semaphore};
 
 use super::{
-    Backend, DbSize, Error, LeaseRow, LogRow, RangeEnd, ReadTxn, Result, Revisions, Scan, WriteTxn,
-    decode_row,
+    AuthRecords, Backend, DbSize, Error, LeaseRow, LogRow, RangeEnd, ReadTxn, Result, Revisions,
+    Scan, WriteTxn, decode_row,
 };
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
@@ -537,7 +537,79 @@ impl Backend for SqliteBackend {
             .bind(super::alarm_name(alarm))
             .execute(&mut conn.conn)
             .await?;
+        drop(conn);
+        self.sync().await?;
         Ok(done.rows_affected() > 0)
+    }
+
+    async fn auth(&self) -> Result<AuthRecords> {
+        let mut loan = self.readers.loan().await?;
+        let conn = &mut loan.conn().conn;
+        let mut tx = conn.begin().await?;
+        let meta: Vec<(String, i64)> = sqlx::query_as(super::AUTH_META).fetch_all(&mut *tx).await?;
+        let users = sqlx::query_as(super::AUTH_USERS)
+            .fetch_all(&mut *tx)
+            .await?;
+        let roles = sqlx::query_as(super::AUTH_ROLES)
+            .fetch_all(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(AuthRecords {
+            users,
+            roles,
+            ..AuthRecords::default()
+        }
+        .with_meta(meta))
+    }
+
+    async fn auth_revision(&self) -> Result<i64> {
+        let mut loan = self.readers.loan().await?;
+        Ok(sqlx::query_scalar(super::AUTH_REVISION)
+            .fetch_one(&mut loan.conn().conn)
+            .await?)
+    }
+
+    async fn replace_auth(&self, expected: i64, next: &AuthRecords) -> Result<bool> {
+        let mut conn = self.idle_writer().await?;
+        let mut tx = conn.conn.begin().await?;
+        let current: i64 = sqlx::query_scalar(super::AUTH_REVISION)
+            .fetch_one(&mut *tx)
+            .await?;
+        if current != expected {
+            return Ok(false);
+        }
+        sqlx::query("DELETE FROM auth_users")
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query("DELETE FROM auth_roles")
+            .execute(&mut *tx)
+            .await?;
+        for (statement, records) in [
+            (super::AUTH_INSERT_USER, &next.users),
+            (super::AUTH_INSERT_ROLE, &next.roles),
+        ] {
+            for (name, record) in records {
+                sqlx::query(statement)
+                    .bind(name)
+                    .bind(record)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+        }
+        for (name, value) in [
+            ("auth_enabled", i64::from(next.enabled)),
+            ("auth_revision", next.revision),
+        ] {
+            sqlx::query(super::AUTH_SET_META)
+                .bind(value)
+                .bind(name)
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        drop(conn);
+        self.sync().await?;
+        Ok(true)
     }
 
     async fn close(&self) {

@@ -189,6 +189,11 @@ fn holder_key(prefix: &[u8], lease: i64) -> Vec<u8> {
     [prefix, hex.as_bytes()].concat()
 }
 
+/// Every key a lock or election named `name` may use: its holders' keys.
+pub fn holders(name: &[u8]) -> KeyRange {
+    prefix_range(&prefix_of(name))
+}
+
 /// `<name>/`: under it live the holders' keys.
 fn prefix_of(name: &[u8]) -> Vec<u8> {
     [name, b"/"].concat()
