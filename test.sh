@@ -49,7 +49,7 @@ cargo build --locked
 bounded 2400 cargo test --locked
 bash tests/contended.sh "$rounds" watch_guarantees reads lock_election
 # The tests that state etcd's behaviour, run against real etcd 3.5 itself.
-bash tests/against_etcd.sh lock_election downgrade
+bash tests/against_etcd.sh lock_election downgrade auth
 # The benchmark harness in its smoke size: proves it runs against etcd and etcdsql (no timings
 # are asserted); its tables go to a temporary folder.
 cargo test --locked --bench vs_etcd -- --smoke

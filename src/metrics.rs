@@ -1126,13 +1126,13 @@ impl Backend for InstrumentedBackend {
         timed(&self.metrics, "auth", self.inner.auth()).await
     }
 
-    async fn auth_revision(&self) -> backend::Result<i64> {
-        timed(&self.metrics, "auth_revision", self.inner.auth_revision()).await
+    async fn auth_version(&self) -> backend::Result<backend::AuthVersion> {
+        timed(&self.metrics, "auth_version", self.inner.auth_version()).await
     }
 
     async fn replace_auth(
         &self,
-        expected: i64,
+        expected: backend::AuthVersion,
         next: &backend::AuthRecords,
     ) -> backend::Result<bool> {
         timed(

@@ -321,3 +321,59 @@ async fn locks_and_elections_pass_between_instances() {
     a.stop().await;
     b.stop().await;
 }
+
+/// Users, roles and the auth switch changed through one instance hold on the others within the
+/// auth refresh interval (`etcdsql::auth::REFRESH`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auth_changes_reach_every_instance() {
+    if skip() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let a = TestServer::start(dir.path()).await;
+    let b = TestServer::start(dir.path()).await;
+    let mut ca = a.client().await;
+    ca.put("shared", "1", None).await.unwrap();
+    ca.user_add("root", "rootpw", None).await.unwrap();
+    ca.user_grant_role("root", "root").await.unwrap();
+    ca.role_add("reader").await.unwrap();
+    ca.role_grant_permission("reader", etcd_client::Permission::read("shared"))
+        .await
+        .unwrap();
+    ca.user_add("alice", "alicepw", None).await.unwrap();
+    ca.user_grant_role("alice", "reader").await.unwrap();
+    ca.auth_enable().await.unwrap();
+
+    // b turns auth on by itself, then knows alice and her role.
+    let mut cb = b.client().await;
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while cb.get("shared", None).await.is_ok() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "b still serves anonymous reads {WAIT:?} after auth was enabled on a"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let alice = etcd_client::ConnectOptions::new().with_user("alice", "alicepw");
+    let mut alice_b = etcd_client::Client::connect([b.url()], Some(alice))
+        .await
+        .unwrap();
+    alice_b.get("shared", None).await.unwrap();
+
+    // A revocation on a reaches b.
+    let root = etcd_client::ConnectOptions::new().with_user("root", "rootpw");
+    let mut root_a = etcd_client::Client::connect([a.url()], Some(root))
+        .await
+        .unwrap();
+    root_a.user_revoke_role("alice", "reader").await.unwrap();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while alice_b.get("shared", None).await.is_ok() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "b still lets alice read {WAIT:?} after her role was revoked on a"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    a.stop().await;
+    b.stop().await;
+}

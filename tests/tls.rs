@@ -759,3 +759,51 @@ fn client_cert_auth_accepts_etcds_spellings() {
     // A following argument is never taken as the flag's value.
     assert!(parse(&["--client-cert-auth", "false"]).is_err());
 }
+
+/// With `--client-cert-auth` and auth on, a client that sends no token is the user its
+/// certificate's CommonName names, with that user's permissions (etcd's rule).
+#[tokio::test]
+async fn client_certificates_name_the_user_when_auth_is_on() {
+    let pki = Pki::new();
+    let server = Server::start(&pki, &["https://127.0.0.1:0"], |_| {}).await;
+    let mut c = Client::connect([server.url()], Some(pki.client_tls(Some("client"))))
+        .await
+        .unwrap();
+    c.user_add("root", "rootpw", None).await.unwrap();
+    c.user_grant_role("root", "root").await.unwrap();
+    c.role_add("registry").await.unwrap();
+    c.role_grant_permission(
+        "registry",
+        etcd_client::Permission::read_write("/registry/").with_prefix(),
+    )
+    .await
+    .unwrap();
+    // The certificate's CommonName, as kubeadm issues it to kube-apiserver.
+    c.user_add(
+        "kube-apiserver-etcd-client",
+        "",
+        Some(etcd_client::UserAddOptions::new().with_no_pwd()),
+    )
+    .await
+    .unwrap();
+    c.user_grant_role("kube-apiserver-etcd-client", "registry")
+        .await
+        .unwrap();
+    c.auth_enable().await.unwrap();
+
+    c.put("/registry/pods/a", "1", None).await.unwrap();
+    let denied = c.put("elsewhere", "1", None).await.unwrap_err();
+    let etcd_client::Error::GRpcStatus(denied) = denied else {
+        panic!("a gRPC status: {denied:?}");
+    };
+    assert_eq!(denied.code(), tonic::Code::PermissionDenied);
+    // A token wins over the certificate.
+    let mut root = Client::connect(
+        [server.url()],
+        Some(pki.client_tls(Some("client")).with_user("root", "rootpw")),
+    )
+    .await
+    .unwrap();
+    root.put("elsewhere", "1", None).await.unwrap();
+    server.stop().await;
+}

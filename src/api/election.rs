@@ -7,7 +7,7 @@ use tonic::{Request, Response, Status};
 use super::ServerInfo;
 use super::auth::Callers;
 use super::kv::kv_to_pb;
-use super::status::RequestError;
+use super::status::{RequestError, through_client};
 use crate::auth::Access;
 use crate::concurrency::election::Leadership;
 use crate::concurrency::{Recipes, holders};
@@ -34,11 +34,15 @@ impl ElectionService {
 
     /// etcd runs the recipes with the caller's own token; these are the keys they touch.
     fn check<T>(&self, request: &Request<T>, keys: &KeyRange, write: bool) -> Result<(), Status> {
-        let caller = self.callers.of(request)?;
+        let caller = self.callers.of(request).map_err(through_client)?;
         let auth = self.callers.auth();
-        auth.check_keys(caller.as_ref(), keys, Access::Read)?;
+        let mut needs = vec![Access::Read];
         if write {
-            auth.check_keys(caller.as_ref(), keys, Access::Write)?;
+            needs.push(Access::Write);
+        }
+        for access in needs {
+            auth.check_keys(caller.as_ref(), keys, access)
+                .map_err(|e| through_client(e.into()))?;
         }
         Ok(())
     }

@@ -128,6 +128,12 @@ impl From<auth::Error> for Status {
     }
 }
 
+/// An error as etcd's Lock and Election services hand it on: they run through etcd's own client,
+/// which turns a status it knows by message into a plain error (code `Unknown`, same message).
+pub fn through_client(status: Status) -> Status {
+    Status::unknown(status.message())
+}
+
 impl From<concurrency::Error> for Status {
     fn from(e: concurrency::Error) -> Self {
         match e {
@@ -142,7 +148,7 @@ impl From<concurrency::Error> for Status {
                 );
                 let status = Status::from(e);
                 if known {
-                    Status::unknown(status.message())
+                    through_client(status)
                 } else {
                     status
                 }

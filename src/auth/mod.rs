@@ -6,15 +6,15 @@
 //!   in the database ([`backend::AuthRecords`]), so they survive restarts and every instance on
 //!   one database shares them. Each process keeps a copy, replaced whole: a check reads one
 //!   consistent state.
-//! - **Changes are compare-and-set on the auth revision.** A change is computed on the copy
-//!   and written only if the database is still at the copy's revision; otherwise the copy is
-//!   reloaded and the change computed again. So changes from several instances apply one at a
+//! - **Changes are compare-and-set on the auth version** (on/off and revision). A change is
+//!   computed on the copy and written only if the database is still at the copy's version;
+//!   otherwise the copy is reloaded and the change computed again. So changes from several instances apply one at a
 //!   time, each to the state the one before it left, and each is one new revision.
 //! - **Other instances' changes arrive within [`REFRESH`].** Processes that may share their
-//!   database poll its auth revision and reload when it moves; a sole writer (SQLite) never
+//!   database poll its auth version and reload when it moves; a sole writer (SQLite) never
 //!   needs to.
 //! - **Checks follow etcd's order**: auth off → allowed; no user → `user name is empty`; a
-//!   token older than the auth revision → `revision of auth store is old` (clients then
+//!   JWT older than the auth revision → `revision of auth store is old` (clients then
 //!   authenticate again); then the user's roles (root may do anything).
 
 mod requests;
@@ -28,7 +28,7 @@ use prost::Message;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::backend::{self, AuthRecords, Backend};
+use crate::backend::{self, AuthRecords, AuthVersion, Backend};
 use crate::pb::authpb;
 pub use state::{Access, AuthError, AuthState, ROOT};
 use token::Tokens;
@@ -141,7 +141,8 @@ impl AuthStore {
         &self,
         token: Option<&str>,
     ) -> std::result::Result<Option<AuthInfo>, AuthError> {
-        if !self.state().enabled {
+        let state = self.state();
+        if !state.enabled {
             return Ok(None);
         }
         let Some(token) = token else {
@@ -149,7 +150,7 @@ impl AuthStore {
         };
         self.inner
             .tokens
-            .info(token)
+            .info(token, state.revision)
             .map(Some)
             .ok_or(AuthError::InvalidAuthToken)
     }
@@ -257,8 +258,9 @@ impl AuthStore {
             .into_bytes())
     }
 
-    /// Applies `change` to the current state and stores the result as the next auth revision,
-    /// unless it changed nothing. Retries on a state another instance changed meanwhile.
+    /// Applies `change` to the current state and stores the result (the change moves the auth
+    /// revision itself), unless it changed nothing. Retries on a state another instance
+    /// changed meanwhile.
     async fn change(&self, mut change: impl FnMut(&mut AuthState) -> state::Changed) -> Result<()> {
         let _one_at_a_time = self.inner.changing.lock().await;
         loop {
@@ -267,11 +269,10 @@ impl AuthStore {
             if !change(&mut next)? {
                 return Ok(());
             }
-            next.revision = current.revision + 1;
             if self
                 .inner
                 .backend
-                .replace_auth(current.revision, &encode(&next))
+                .replace_auth(version(&current), &encode(&next))
                 .await?
             {
                 self.set_state(next);
@@ -361,8 +362,8 @@ async fn follow_changes(store: AuthStore, shutdown: CancellationToken) {
             () = shutdown.cancelled() => return,
             _ = ticker.tick() => {}
         }
-        let moved = match store.inner.backend.auth_revision().await {
-            Ok(revision) => revision != store.state().revision,
+        let moved = match store.inner.backend.auth_version().await {
+            Ok(found) => found != version(&store.state()),
             Err(e) => {
                 tracing::debug!(error = %e, "cannot read the auth revision; trying again");
                 continue;
@@ -375,6 +376,13 @@ async fn follow_changes(store: AuthStore, shutdown: CancellationToken) {
                 tracing::warn!(error = %e, "cannot reload the auth store; trying again");
             }
         }
+    }
+}
+
+fn version(state: &AuthState) -> AuthVersion {
+    AuthVersion {
+        enabled: state.enabled,
+        revision: state.revision,
     }
 }
 

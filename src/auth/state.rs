@@ -3,8 +3,8 @@
 //!
 //! # Invariants
 //! - A change that alters nothing (granting a role a user already has, enabling auth that is
-//!   on) reports `false` and leaves the revision alone; every other change is one new auth
-//!   revision, as in etcd, which clients' tokens are checked against.
+//!   on) reports `false`. Every other change is one new auth revision, as in etcd, which
+//!   clients' tokens are checked against — except turning auth on, which etcd does not count.
 //! - Users' roles are kept sorted and without duplicates; a role's permissions are kept sorted
 //!   by key, at most one per (key, range end): granting the same range again replaces its type.
 //! - While auth is on, `root` stays a user with the `root` role and the `root` role exists
@@ -90,6 +90,14 @@ pub struct AuthState {
 pub type Changed = Result<bool, AuthError>;
 
 impl AuthState {
+    /// Records a change as the next auth revision.
+    fn committed(&mut self) -> Changed {
+        self.revision += 1;
+        Ok(true)
+    }
+
+    /// Turns auth on. etcd does not count this as an auth revision: tokens issued before it
+    /// stay current.
     pub fn enable(&mut self) -> Changed {
         if self.enabled {
             return Ok(false);
@@ -103,9 +111,11 @@ impl AuthState {
     }
 
     pub fn disable(&mut self) -> Changed {
-        let was = self.enabled;
+        if !self.enabled {
+            return Ok(false);
+        }
         self.enabled = false;
-        Ok(was)
+        self.committed()
     }
 
     /// Adds a user; `password` is the bcrypt hash, `None` for a user without a password.
@@ -126,7 +136,7 @@ impl AuthState {
                 options: Some(authpb::UserAddOptions { no_password }),
             },
         );
-        Ok(true)
+        self.committed()
     }
 
     pub fn user_delete(&mut self, name: &str) -> Changed {
@@ -134,13 +144,13 @@ impl AuthState {
             return Err(AuthError::InvalidAuthMgmt);
         }
         self.users.remove(name).ok_or(AuthError::UserNotFound)?;
-        Ok(true)
+        self.committed()
     }
 
     pub fn user_change_password(&mut self, name: &str, password: Vec<u8>) -> Changed {
         let user = self.users.get_mut(name).ok_or(AuthError::UserNotFound)?;
         user.password = password;
-        Ok(true)
+        self.committed()
     }
 
     pub fn user_grant_role(&mut self, name: &str, role: &str) -> Changed {
@@ -156,7 +166,7 @@ impl AuthState {
             Ok(_) => Ok(false),
             Err(at) => {
                 user.roles.insert(at, role.to_owned());
-                Ok(true)
+                self.committed()
             }
         }
     }
@@ -171,7 +181,7 @@ impl AuthState {
             .binary_search_by(|r| r.as_str().cmp(role))
             .map_err(|_| AuthError::RoleNotGranted)?;
         user.roles.remove(at);
-        Ok(true)
+        self.committed()
     }
 
     pub fn user(&self, name: &str) -> Result<&authpb::User, AuthError> {
@@ -192,7 +202,7 @@ impl AuthState {
                 key_permission: Vec::new(),
             },
         );
-        Ok(true)
+        self.committed()
     }
 
     /// Deletes a role and takes it from every user who had it.
@@ -204,7 +214,7 @@ impl AuthState {
         for user in self.users.values_mut() {
             user.roles.retain(|r| r != name);
         }
-        Ok(true)
+        self.committed()
     }
 
     pub fn role(&self, name: &str) -> Result<&authpb::Role, AuthError> {
@@ -231,7 +241,7 @@ impl AuthState {
             let at = perms.partition_point(|p| p.key <= perm.key);
             perms.insert(at, perm);
         }
-        Ok(true)
+        self.committed()
     }
 
     pub fn role_revoke_permission(&mut self, name: &str, key: &[u8], range_end: &[u8]) -> Changed {
@@ -242,7 +252,7 @@ impl AuthState {
             .position(|p| p.key == key && p.range_end == range_end)
             .ok_or(AuthError::PermissionNotGranted)?;
         role.key_permission.remove(at);
-        Ok(true)
+        self.committed()
     }
 
     /// Whether `user` may do `access` on `[key, range_end)` (etcd's encoding: an empty end is

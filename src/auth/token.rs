@@ -3,9 +3,10 @@
 //! signed claims (`username`, `revision`, `exp`) that any instance holding the key can check.
 //!
 //! # Invariants
-//! - A token names the user and the auth revision it was issued at; a request is checked
-//!   against that revision, so a token issued before a change to users or roles is refused as
-//!   old and the client authenticates again.
+//! - A JWT token names the user and the auth revision it was issued at; a request is checked
+//!   against that revision, so a JWT issued before a change to users or roles is refused as old
+//!   and the client authenticates again. A simple token is a handle on its user, always at the
+//!   current revision — etcd's rule.
 //! - Simple tokens die with their user (deleted, or given a new password) and all at once when
 //!   auth is disabled; JWT tokens cannot be recalled and live until they expire, as in etcd.
 
@@ -136,7 +137,7 @@ pub enum Tokens {
 }
 
 pub struct SimpleToken {
-    info: AuthInfo,
+    user: String,
     expires: Instant,
 }
 
@@ -244,7 +245,7 @@ impl Tokens {
                 live.insert(
                     token.clone(),
                     SimpleToken {
-                        info,
+                        user: info.user,
                         expires: now + *ttl,
                     },
                 );
@@ -270,8 +271,10 @@ impl Tokens {
         }
     }
 
-    /// Who `token` speaks for, if it is valid; a simple token's lifetime starts again.
-    pub fn info(&self, token: &str) -> Option<AuthInfo> {
+    /// Who `token` speaks for, if it is valid; a simple token's lifetime starts again. A
+    /// simple token stands for its user at the `current` auth revision (etcd's rule: only JWT
+    /// tokens grow old when users or roles change).
+    pub fn info(&self, token: &str, current: i64) -> Option<AuthInfo> {
         match self {
             Tokens::Simple { ttl, live, .. } => {
                 let mut live = lock(live);
@@ -282,7 +285,10 @@ impl Tokens {
                     return None;
                 }
                 found.expires = now + *ttl;
-                Some(found.info.clone())
+                Some(AuthInfo {
+                    user: found.user.clone(),
+                    revision: current,
+                })
             }
             Tokens::Jwt {
                 algorithm,
@@ -306,7 +312,7 @@ impl Tokens {
     /// Forgets `user`'s simple tokens.
     pub fn invalidate_user(&self, user: &str) {
         if let Tokens::Simple { live, .. } = self {
-            lock(live).retain(|_, t| t.info.user != user);
+            lock(live).retain(|_, t| t.user != user);
         }
     }
 
@@ -375,20 +381,21 @@ mod tests {
         assert_eq!(random.len(), 16);
         assert!(random.bytes().all(|b| b.is_ascii_alphabetic()));
         assert!(index.parse::<u64>().is_ok());
-        assert_eq!(tokens.info(&token), Some(alice(3)));
-        assert_eq!(tokens.info("nonsense.1"), None);
+        // A simple token follows the current auth revision.
+        assert_eq!(tokens.info(&token, 5), Some(alice(5)));
+        assert_eq!(tokens.info("nonsense.1", 5), None);
         tokens.invalidate_user("alice");
-        assert_eq!(tokens.info(&token), None);
+        assert_eq!(tokens.info(&token, 5), None);
         let token = tokens.assign(alice(4)).unwrap();
         tokens.clear();
-        assert_eq!(tokens.info(&token), None);
+        assert_eq!(tokens.info(&token, 5), None);
     }
 
     #[test]
     fn simple_tokens_expire_after_their_ttl() {
         let tokens = Tokens::new(&TokenKind::Simple, Duration::ZERO).unwrap();
         let token = tokens.assign(alice(1)).unwrap();
-        assert_eq!(tokens.info(&token), None);
+        assert_eq!(tokens.info(&token, 1), None);
     }
 
     #[test]
@@ -405,13 +412,14 @@ mod tests {
         };
         let tokens = Tokens::new(&kind("5m"), Duration::ZERO).unwrap();
         let token = tokens.assign(alice(7)).unwrap();
-        assert_eq!(tokens.info(&token), Some(alice(7)));
+        // A JWT keeps the revision it was issued at.
+        assert_eq!(tokens.info(&token, 9), Some(alice(7)));
         // Another instance with the same key accepts it.
         let other = Tokens::new(&kind("5m"), Duration::ZERO).unwrap();
-        assert_eq!(other.info(&token), Some(alice(7)));
+        assert_eq!(other.info(&token, 9), Some(alice(7)));
         let mut forged = token.clone();
         forged.pop();
-        assert_eq!(tokens.info(&forged), None);
+        assert_eq!(tokens.info(&forged, 9), None);
         let TokenKind::Jwt {
             sign_method,
             priv_key,
@@ -429,6 +437,6 @@ mod tests {
         let expired = Tokens::new(&zero, Duration::ZERO).unwrap();
         let token = expired.assign(alice(7)).unwrap();
         std::thread::sleep(Duration::from_millis(1100));
-        assert_eq!(expired.info(&token), None);
+        assert_eq!(expired.info(&token, 7), None);
     }
 }

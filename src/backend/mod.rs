@@ -119,12 +119,34 @@ pub struct AuthRecords {
     pub roles: Vec<(String, Vec<u8>)>,
 }
 
+/// Which state of the auth store a copy is of.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AuthVersion {
+    pub enabled: bool,
+    pub revision: i64,
+}
+
+impl AuthRecords {
+    pub fn version(&self) -> AuthVersion {
+        AuthVersion {
+            enabled: self.enabled,
+            revision: self.revision,
+        }
+    }
+}
+
+impl AuthVersion {
+    /// The version from the rows of [`AUTH_META`].
+    fn from_meta(rows: Vec<(String, i64)>) -> Self {
+        AuthRecords::default().with_meta(rows).version()
+    }
+}
+
 /// The auth statements, the same in both dialects.
 const AUTH_META: &str =
     "SELECT name, value FROM meta WHERE name IN ('auth_enabled', 'auth_revision')";
 const AUTH_USERS: &str = "SELECT name, record FROM auth_users ORDER BY name";
 const AUTH_ROLES: &str = "SELECT name, record FROM auth_roles ORDER BY name";
-const AUTH_REVISION: &str = "SELECT value FROM meta WHERE name = 'auth_revision'";
 const AUTH_SET_META: &str = "UPDATE meta SET value = $1 WHERE name = $2";
 const AUTH_INSERT_USER: &str = "INSERT INTO auth_users (name, record) VALUES ($1, $2)";
 const AUTH_INSERT_ROLE: &str = "INSERT INTO auth_roles (name, record) VALUES ($1, $2)";
@@ -243,11 +265,12 @@ pub trait Backend: Send + Sync + 'static {
     async fn set_alarm(&self, alarm: i32, raise: bool) -> Result<bool>;
     /// The whole auth store.
     async fn auth(&self) -> Result<AuthRecords>;
-    /// The auth revision alone, to learn cheaply whether another instance changed the store.
-    async fn auth_revision(&self) -> Result<i64>;
-    /// Replaces the auth store with `next`, durably, if its revision is still `expected`;
-    /// returns whether it did. Instances on one database change it one at a time.
-    async fn replace_auth(&self, expected: i64, next: &AuthRecords) -> Result<bool>;
+    /// Whether auth is on, and the auth revision: enough to learn cheaply whether another
+    /// instance changed the store (turning auth on leaves the revision alone).
+    async fn auth_version(&self) -> Result<AuthVersion>;
+    /// Replaces the auth store with `next`, durably, if it is still at `expected`; returns
+    /// whether it did. Instances on one database change it one at a time.
+    async fn replace_auth(&self, expected: AuthVersion, next: &AuthRecords) -> Result<bool>;
     /// Makes every write transaction committed so far durable. A backend whose commit is durable
     /// by itself (PostgreSQL) has nothing to do; SQLite's commit only writes, and this fsyncs.
     async fn sync(&self) -> Result<()> {

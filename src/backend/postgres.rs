@@ -27,8 +27,8 @@ use sqlx::{ConnectOptions, Postgres, Transaction};
 use tokio::sync::watch;
 
 use super::{
-    AuthRecords, Backend, DbSize, LeaseRow, LogRow, PoolOptions, RangeEnd, ReadTxn, Result,
-    Revisions, Scan, WriteTxn, decode_row,
+    AuthRecords, AuthVersion, Backend, DbSize, LeaseRow, LogRow, PoolOptions, RangeEnd, ReadTxn,
+    Result, Revisions, Scan, WriteTxn, decode_row,
 };
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/postgres");
@@ -475,21 +475,24 @@ impl Backend for PostgresBackend {
         .with_meta(meta))
     }
 
-    async fn auth_revision(&self) -> Result<i64> {
-        Ok(sqlx::query_scalar(super::AUTH_REVISION)
-            .fetch_one(&self.pool)
-            .await?)
+    async fn auth_version(&self) -> Result<AuthVersion> {
+        let rows = sqlx::query_as(super::AUTH_META)
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(AuthVersion::from_meta(rows))
     }
 
-    async fn replace_auth(&self, expected: i64, next: &AuthRecords) -> Result<bool> {
+    async fn replace_auth(&self, expected: AuthVersion, next: &AuthRecords) -> Result<bool> {
         let mut tx = self.pool.begin().await?;
-        // The row lock makes instances change the auth store one at a time; the check below
-        // then sees the revision the previous change committed.
-        let current: i64 =
-            sqlx::query_scalar("SELECT value FROM meta WHERE name = 'auth_revision' FOR UPDATE")
-                .fetch_one(&mut *tx)
-                .await?;
-        if current != expected {
+        // The row locks make instances change the auth store one at a time; the check below
+        // then sees what the previous change committed.
+        let rows = sqlx::query_as(
+            "SELECT name, value FROM meta WHERE name IN ('auth_enabled', 'auth_revision') \
+             FOR UPDATE",
+        )
+        .fetch_all(&mut *tx)
+        .await?;
+        if AuthVersion::from_meta(rows) != expected {
             return Ok(false);
         }
         sqlx::query("DELETE FROM auth_users")

@@ -38,8 +38,8 @@ use sqlx::{Arguments, Connection, Row};
 use tokio::sync::{Mutex, OwnedMappedMutexGuard, OwnedMutexGuard, OwnedSemaphorePermit, Semaphore};
 
 use super::{
-    AuthRecords, Backend, DbSize, Error, LeaseRow, LogRow, RangeEnd, ReadTxn, Result, Revisions,
-    Scan, WriteTxn, decode_row,
+    AuthRecords, AuthVersion, Backend, DbSize, Error, LeaseRow, LogRow, RangeEnd, ReadTxn, Result,
+    Revisions, Scan, WriteTxn, decode_row,
 };
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
@@ -562,20 +562,19 @@ impl Backend for SqliteBackend {
         .with_meta(meta))
     }
 
-    async fn auth_revision(&self) -> Result<i64> {
+    async fn auth_version(&self) -> Result<AuthVersion> {
         let mut loan = self.readers.loan().await?;
-        Ok(sqlx::query_scalar(super::AUTH_REVISION)
-            .fetch_one(&mut loan.conn().conn)
-            .await?)
+        let rows = sqlx::query_as(super::AUTH_META)
+            .fetch_all(&mut loan.conn().conn)
+            .await?;
+        Ok(AuthVersion::from_meta(rows))
     }
 
-    async fn replace_auth(&self, expected: i64, next: &AuthRecords) -> Result<bool> {
+    async fn replace_auth(&self, expected: AuthVersion, next: &AuthRecords) -> Result<bool> {
         let mut conn = self.idle_writer().await?;
         let mut tx = conn.conn.begin().await?;
-        let current: i64 = sqlx::query_scalar(super::AUTH_REVISION)
-            .fetch_one(&mut *tx)
-            .await?;
-        if current != expected {
+        let rows = sqlx::query_as(super::AUTH_META).fetch_all(&mut *tx).await?;
+        if AuthVersion::from_meta(rows) != expected {
             return Ok(false);
         }
         sqlx::query("DELETE FROM auth_users")

@@ -241,6 +241,10 @@ impl Target {
         self.server.is_none()
     }
 
+    pub fn url(&self) -> String {
+        self.url.clone()
+    }
+
     /// `name` under this test's own prefix.
     pub fn key(&self, name: &str) -> String {
         format!("{}{name}", self.prefix)
@@ -268,4 +272,38 @@ fn rand_suffix() -> u64 {
             .map_or(0, |d| d.as_nanos()),
     );
     hasher.finish()
+}
+
+/// One unary gRPC call with etcdsql's own protobuf types, with `token` in the `token` metadata
+/// as etcd's clients send it: for what a client library hides (which token goes with a call).
+pub async fn raw_call<Req, Resp>(
+    url: &str,
+    path: &'static str,
+    request: Req,
+    token: Option<&str>,
+) -> Result<Resp, tonic::Status>
+where
+    Req: prost::Message + Send + Sync + 'static,
+    Resp: prost::Message + Default + Send + Sync + 'static,
+{
+    let channel = tonic::transport::Channel::from_shared(url.to_owned())
+        .expect("a valid URL")
+        .connect()
+        .await
+        .expect("connects");
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready().await.expect("the channel is ready");
+    let mut request = tonic::Request::new(request);
+    if let Some(token) = token {
+        request
+            .metadata_mut()
+            .insert("token", token.parse().expect("a token is ASCII"));
+    }
+    grpc.unary(
+        request,
+        path.parse().expect("a valid path"),
+        tonic_prost::ProstCodec::default(),
+    )
+    .await
+    .map(tonic::Response::into_inner)
 }
