@@ -1,5 +1,8 @@
 //! Compiles etcd's wire protocol from `proto/` with protox (pure Rust), so a fresh checkout needs
-//! no system `protoc`.
+//! no system `protoc`; and, with pbjson, protobuf's JSON mapping for the same types, which the
+//! `/v3/*` gateway speaks (field names as the protos spell them, as etcd's gateway writes them).
+
+use protox::prost::Message;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let files = [
@@ -13,8 +16,20 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!("cargo:rerun-if-changed={file}");
     }
     let descriptors = protox::compile(files, ["proto"])?;
+    let encoded = descriptors.encode_to_vec();
     tonic_prost_build::configure()
         .build_client(false)
         .compile_fds(descriptors)?;
+    pbjson_build::Builder::new()
+        .register_descriptors(&encoded)?
+        .preserve_proto_field_names()
+        .ignore_unknown_fields()
+        .build(&[
+            ".mvccpb",
+            ".authpb",
+            ".etcdserverpb",
+            ".v3lockpb",
+            ".v3electionpb",
+        ])?;
     Ok(())
 }

@@ -84,7 +84,8 @@ def norm(obj, ctx=""):
     for k, v in obj.items():
         if k == "cluster_id":
             out[k] = v if not v else IDS.get("CLUSTER_ID", v)
-        elif k in ("member_id", "leader"):
+        elif k in ("member_id", "leader") and not isinstance(v, (dict, list)):
+            # (An election's "leader" is an object, not a member id.)
             out[k] = v if not v else IDS.get("MEMBER_ID", v)
         elif k in ("raft_term", "raftTerm"):
             out[k] = nonzero(v, "<RAFT_TERM>")

@@ -25,6 +25,7 @@ use tonic::service::Routes;
 use crate::api::auth::{AuthService, Callers};
 use crate::api::cluster::ClusterService;
 use crate::api::election::ElectionService;
+use crate::api::gateway;
 use crate::api::kv::KvService;
 use crate::api::lease::LeaseService;
 use crate::api::lock::LockService;
@@ -314,46 +315,57 @@ fn build_routes(
     info: &ServerInfo,
     metrics: &Metrics,
 ) -> Routes {
-    let max_decoding = info.max_request_bytes + GRPC_OVERHEAD_BYTES;
+    // One object per service, shared by gRPC and the JSON gateway.
+    let services = gateway::Services {
+        kv: Arc::new(KvService::new(
+            store.clone(),
+            info.clone(),
+            metrics.clone(),
+            callers.clone(),
+        )),
+        watch: Arc::new(watch),
+        lease: Arc::new(lease),
+        cluster: Arc::new(ClusterService::new(info.clone())),
+        maintenance: Arc::new(MaintenanceService::new(
+            store.clone(),
+            info.clone(),
+            callers.clone(),
+        )),
+        auth: Arc::new(AuthService::new(
+            callers.clone(),
+            store.clone(),
+            info.clone(),
+        )),
+        lock: Arc::new(LockService::new(
+            recipes.clone(),
+            info.clone(),
+            callers.clone(),
+        )),
+        election: Arc::new(ElectionService::new(recipes, info.clone(), callers.clone())),
+        max_body: info.max_request_bytes + GRPC_OVERHEAD_BYTES,
+    };
+    let max_decoding = services.max_body;
     // Responses are not limited: a page of 10,000 keys is large.
-    let kv = pb::kv_server::KvServer::new(KvService::new(
-        store.clone(),
-        info.clone(),
-        metrics.clone(),
-        callers.clone(),
-    ))
-    .max_decoding_message_size(max_decoding)
-    .max_encoding_message_size(usize::MAX);
-    let watch = pb::watch_server::WatchServer::new(watch)
+    let kv = pb::kv_server::KvServer::from_arc(services.kv.clone())
         .max_decoding_message_size(max_decoding)
         .max_encoding_message_size(usize::MAX);
-    let maintenance = pb::maintenance_server::MaintenanceServer::new(MaintenanceService::new(
-        store.clone(),
-        info.clone(),
-        callers.clone(),
-    ))
-    .max_decoding_message_size(max_decoding);
-    let cluster = pb::cluster_server::ClusterServer::new(ClusterService::new(info.clone()))
+    let watch = pb::watch_server::WatchServer::from_arc(services.watch.clone())
+        .max_decoding_message_size(max_decoding)
+        .max_encoding_message_size(usize::MAX);
+    let maintenance =
+        pb::maintenance_server::MaintenanceServer::from_arc(services.maintenance.clone())
+            .max_decoding_message_size(max_decoding);
+    let cluster = pb::cluster_server::ClusterServer::from_arc(services.cluster.clone())
         .max_decoding_message_size(max_decoding);
-    let lease = pb::lease_server::LeaseServer::new(lease).max_decoding_message_size(max_decoding);
-    let lock = v3lockpb::lock_server::LockServer::new(LockService::new(
-        recipes.clone(),
-        info.clone(),
-        callers.clone(),
-    ))
-    .max_decoding_message_size(max_decoding);
-    let election = v3electionpb::election_server::ElectionServer::new(ElectionService::new(
-        recipes,
-        info.clone(),
-        callers.clone(),
-    ))
-    .max_decoding_message_size(max_decoding);
-    let auth = pb::auth_server::AuthServer::new(AuthService::new(
-        callers.clone(),
-        store.clone(),
-        info.clone(),
-    ))
-    .max_decoding_message_size(max_decoding);
+    let lease = pb::lease_server::LeaseServer::from_arc(services.lease.clone())
+        .max_decoding_message_size(max_decoding);
+    let lock = v3lockpb::lock_server::LockServer::from_arc(services.lock.clone())
+        .max_decoding_message_size(max_decoding);
+    let election =
+        v3electionpb::election_server::ElectionServer::from_arc(services.election.clone())
+            .max_decoding_message_size(max_decoding);
+    let auth = pb::auth_server::AuthServer::from_arc(services.auth.clone())
+        .max_decoding_message_size(max_decoding);
     let mut routes = Routes::new(kv)
         .add_service(watch)
         .add_service(lease)
@@ -369,6 +381,7 @@ fn build_routes(
             info.clone(),
             metrics.clone(),
         ))
+        .merge(gateway::routes(services))
         .fallback(api::http::not_found);
     routes
 }

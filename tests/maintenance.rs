@@ -206,12 +206,36 @@ async fn probes_answer_and_unknown_paths_are_not_found() {
         (404, "404 page not found\n".into())
     );
     let post = http
-        .post(format!("{}/v3/kv/range", server.url()))
+        .post(format!("{}/v3/kv/nosuch", server.url()))
         .body("{}")
         .send()
         .await
         .unwrap();
     assert_eq!(post.status().as_u16(), 404);
+    assert_eq!(
+        post.text().await.unwrap(),
+        r#"{"code":5, "message":"Not Found"}"#
+    );
+    // The gateway: JSON in, the same service, JSON out.
+    let gateway = |path: &str, body: &'static str| {
+        let request = http.post(format!("{}{path}", server.url())).body(body);
+        async move {
+            let r = request.send().await.unwrap();
+            let status = r.status().as_u16();
+            (status, r.json::<serde_json::Value>().await.unwrap())
+        }
+    };
+    let (status, put) = gateway("/v3/kv/put", r#"{"key":"Zw==","value":"MQ=="}"#).await;
+    assert_eq!(status, 200);
+    let revision = put["header"]["revision"].clone();
+    let (status, got) = gateway("/v3/kv/range", r#"{"key":"Zw=="}"#).await;
+    assert_eq!(status, 200);
+    assert_eq!(got["kvs"][0]["value"], "MQ==");
+    assert_eq!(got["kvs"][0]["mod_revision"], revision);
+    assert_eq!(got["count"], "1");
+    let (status, refused) = gateway("/v3/kv/range", "{}").await;
+    assert_eq!(status, 400);
+    assert_eq!(refused["message"], "etcdserver: key is not provided");
     let post = http
         .post(format!("{}/livez", server.url()))
         .send()

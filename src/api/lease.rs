@@ -2,6 +2,7 @@
 
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status, Streaming};
 
 use super::ServerInfo;
@@ -30,6 +31,47 @@ impl LeaseService {
             metrics,
             callers,
         }
+    }
+}
+
+impl LeaseService {
+    /// Serves one keep-alive stream: `inbound` carries the client's requests (gRPC, or the
+    /// JSON gateway's body); the stream ends when they do.
+    pub fn keep_alive<S>(
+        &self,
+        mut inbound: S,
+    ) -> ReceiverStream<Result<pb::LeaseKeepAliveResponse, Status>>
+    where
+        S: Stream<Item = Result<pb::LeaseKeepAliveRequest, Status>> + Unpin + Send + 'static,
+    {
+        let (out, responses) = mpsc::channel(KEEPALIVE_QUEUE);
+        let lessor = self.lessor.clone();
+        let info = self.info.clone();
+        let metrics = self.metrics.clone();
+        tokio::spawn(async move {
+            // Each request is answered in order; the stream ends when the client closes it.
+            while let Some(Ok(req)) = inbound.next().await {
+                let answer = match lessor.keep_alive(req.id).await {
+                    Ok(kept) => {
+                        if kept.value.is_some() {
+                            metrics.lease_renewed();
+                        }
+                        Ok(pb::LeaseKeepAliveResponse {
+                            header: info.header(kept.revision),
+                            id: req.id,
+                            // etcd answers an unknown or expired lease with TTL 0.
+                            ttl: kept.value.unwrap_or(0),
+                        })
+                    }
+                    Err(e) => Err(Status::from(e)),
+                };
+                let failed = answer.is_err();
+                if out.send(answer).await.is_err() || failed {
+                    return;
+                }
+            }
+        });
+        ReceiverStream::new(responses)
     }
 }
 
@@ -81,35 +123,7 @@ impl pb::lease_server::Lease for LeaseService {
         &self,
         request: Request<Streaming<pb::LeaseKeepAliveRequest>>,
     ) -> Result<Response<Self::LeaseKeepAliveStream>, Status> {
-        let mut inbound = request.into_inner();
-        let (out, responses) = mpsc::channel(KEEPALIVE_QUEUE);
-        let lessor = self.lessor.clone();
-        let info = self.info.clone();
-        let metrics = self.metrics.clone();
-        tokio::spawn(async move {
-            // Each request is answered in order; the stream ends when the client closes it.
-            while let Ok(Some(req)) = inbound.message().await {
-                let answer = match lessor.keep_alive(req.id).await {
-                    Ok(kept) => {
-                        if kept.value.is_some() {
-                            metrics.lease_renewed();
-                        }
-                        Ok(pb::LeaseKeepAliveResponse {
-                            header: info.header(kept.revision),
-                            id: req.id,
-                            // etcd answers an unknown or expired lease with TTL 0.
-                            ttl: kept.value.unwrap_or(0),
-                        })
-                    }
-                    Err(e) => Err(Status::from(e)),
-                };
-                let failed = answer.is_err();
-                if out.send(answer).await.is_err() || failed {
-                    return;
-                }
-            }
-        });
-        Ok(Response::new(ReceiverStream::new(responses)))
+        Ok(Response::new(self.keep_alive(request.into_inner())))
     }
 
     async fn lease_time_to_live(

@@ -6,6 +6,7 @@
 pub mod auth;
 pub mod cluster;
 pub mod election;
+pub mod gateway;
 pub mod http;
 pub mod kv;
 pub mod lease;

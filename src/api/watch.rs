@@ -35,6 +35,7 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::{Stream, StreamExt};
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 
@@ -93,16 +94,17 @@ impl WatchService {
     }
 }
 
-#[tonic::async_trait]
-impl pb::watch_server::Watch for WatchService {
-    type WatchStream = ReceiverStream<Result<pb::WatchResponse, Status>>;
-
-    async fn watch(
+impl WatchService {
+    /// Serves one watch stream: `inbound` carries the client's requests (gRPC, or the JSON
+    /// gateway's body), the answer is the stream of responses.
+    pub fn open<S>(
         &self,
-        request: Request<Streaming<pb::WatchRequest>>,
-    ) -> Result<Response<Self::WatchStream>, Status> {
-        let credentials = Credentials::of(&request);
-        let inbound = request.into_inner();
+        credentials: Credentials,
+        inbound: S,
+    ) -> ReceiverStream<Result<pb::WatchResponse, Status>>
+    where
+        S: Stream<Item = Result<pb::WatchRequest, Status>> + Unpin + Send + 'static,
+    {
         let (out, responses) = mpsc::channel(OUT_QUEUE);
         let (sub, batches) = self.hub.subscribe();
         let stream = WatchStream {
@@ -126,7 +128,20 @@ impl pb::watch_server::Watch for WatchService {
             self.progress_interval,
             self.shutdown.clone(),
         ));
-        Ok(Response::new(ReceiverStream::new(responses)))
+        ReceiverStream::new(responses)
+    }
+}
+
+#[tonic::async_trait]
+impl pb::watch_server::Watch for WatchService {
+    type WatchStream = ReceiverStream<Result<pb::WatchResponse, Status>>;
+
+    async fn watch(
+        &self,
+        request: Request<Streaming<pb::WatchRequest>>,
+    ) -> Result<Response<Self::WatchStream>, Status> {
+        let credentials = Credentials::of(&request);
+        Ok(Response::new(self.open(credentials, request.into_inner())))
     }
 }
 
@@ -176,7 +191,10 @@ impl Watcher {
 struct Closed;
 
 enum Step {
+    /// A request; `None` when the client closed its side of the stream.
     Request(Option<pb::WatchRequest>),
+    /// The client went away, or its side of the stream failed.
+    ClientGone,
     Batch(Option<Arc<Batch>>),
     Lagged,
     Delivered,
@@ -215,14 +233,19 @@ struct WatchStream {
 }
 
 impl WatchStream {
-    async fn run(
+    async fn run<S>(
         mut self,
-        mut inbound: Streaming<pb::WatchRequest>,
+        mut inbound: S,
         mut batches: mpsc::Receiver<Arc<Batch>>,
         progress_interval: Duration,
         shutdown: CancellationToken,
-    ) {
+    ) where
+        S: Stream<Item = Result<pb::WatchRequest, Status>> + Unpin,
+    {
         let mut delivered = self.sub.hub().delivered_changes();
+        // As etcd: a client that stops sending (closes its side) keeps its watches until it
+        // goes away.
+        let mut reading = true;
         let mut ticker = tokio::time::interval_at(
             tokio::time::Instant::now() + progress_interval,
             progress_interval,
@@ -246,7 +269,12 @@ impl WatchStream {
             let step = tokio::select! {
                 biased;
                 () = shutdown.cancelled() => Step::Shutdown,
-                request = inbound.message() => Step::Request(request.ok().flatten()),
+                () = self.out.closed() => Step::ClientGone,
+                request = inbound.next(), if reading => match request {
+                    Some(Ok(request)) => Step::Request(Some(request)),
+                    Some(Err(_)) => Step::ClientGone,
+                    None => Step::Request(None),
+                },
                 batch = batches.recv() => Step::Batch(batch),
                 () = self.sub.lag_signalled() => Step::Lagged,
                 _ = delivered.changed(), if self.progress_target.is_some() || stalled => {
@@ -271,7 +299,11 @@ impl WatchStream {
                         .await;
                     return;
                 }
-                Step::Request(None) | Step::Batch(None) => return,
+                Step::ClientGone | Step::Batch(None) => return,
+                Step::Request(None) => {
+                    reading = false;
+                    Ok(())
+                }
                 Step::Request(Some(request)) => self.handle(request).await,
                 Step::Batch(Some(batch)) => self.deliver(&batch).await,
                 Step::Lagged | Step::Delivered => Ok(()),
@@ -449,7 +481,8 @@ impl WatchStream {
 
         self.compact = self.compact.max(revisions.compact);
         if create.start_revision > 0 && create.start_revision < revisions.compact {
-            let mut compacted = self.response(id, revisions.current);
+            // etcd's compacted cancellation carries no revision in its header.
+            let mut compacted = self.response(id, 0);
             compacted.canceled = true;
             compacted.compact_revision = revisions.compact;
             return self.send(compacted).await;
@@ -577,7 +610,7 @@ impl WatchStream {
                 .collect();
             for id in compacted {
                 self.watchers.remove(&id);
-                let mut response = self.response(id, revisions.current);
+                let mut response = self.response(id, 0);
                 response.canceled = true;
                 response.compact_revision = revisions.compact;
                 self.send(response)
