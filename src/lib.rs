@@ -17,6 +17,7 @@
 //!   the lessor and the hub.
 //! - [`pb`]: the generated protobuf types.
 //! - [`compat`]: repairs what old etcd clients send that Rust's HTTP/2 stack would refuse.
+//! - [`snapshot`]: snapshots and backups (a SQLite file and its checksum), and restoring them.
 //! - [`config`]: the command line.
 //! - [`metrics`]: Prometheus metrics under etcd's names, a gRPC layer and a backend decorator
 //!   that feed them.
@@ -33,6 +34,7 @@ pub mod metrics;
 pub mod mvcc;
 pub mod pb;
 pub mod server;
+pub mod snapshot;
 pub mod tls;
 pub mod watch;
 

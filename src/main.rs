@@ -1,3 +1,5 @@
+use std::path::PathBuf;
+
 use anyhow::Context;
 use clap::Parser;
 use tokio_util::sync::CancellationToken;
@@ -9,9 +11,31 @@ use tracing_subscriber::EnvFilter;
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// An etcd v3-compatible server that keeps its data in SQL; with a command, a tool for its
+/// data store.
+#[derive(Parser)]
+#[command(name = "etcdsql", version, about, long_about = None)]
+struct Cli {
+    #[command(flatten)]
+    config: etcdsql::Config,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(clap::Subcommand)]
+enum Command {
+    /// Writes a snapshot of the store at --endpoint to FILE while it serves: a SQLite database
+    /// and its SHA-256, the format Maintenance.Snapshot (`etcdctl snapshot save`) streams.
+    Backup { file: PathBuf },
+    /// Restores a snapshot (from `backup` or `etcdctl snapshot save`) into the store at
+    /// --endpoint, which must be empty; SQLite or PostgreSQL, whichever the snapshot came from.
+    /// Stop servers on a SQLite file first.
+    Restore { file: PathBuf },
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let config = etcdsql::Config::parse();
+    let Cli { config, command } = Cli::parse();
     let filter = EnvFilter::try_new(&config.log_level)
         .with_context(|| format!("invalid --log-level {:?}", config.log_level))?;
     let logs = tracing_subscriber::fmt().with_env_filter(filter);
@@ -21,6 +45,9 @@ async fn main() -> anyhow::Result<()> {
         logs.init();
     }
 
+    if let Some(command) = command {
+        return run_tool(&config, command).await;
+    }
     let shutdown = CancellationToken::new();
     let running = etcdsql::start(config, shutdown.clone())
         .await
@@ -34,6 +61,27 @@ async fn main() -> anyhow::Result<()> {
         .wait()
         .await
         .context("etcdsql stopped with an error")
+}
+
+async fn run_tool(config: &etcdsql::Config, command: Command) -> anyhow::Result<()> {
+    let pool = etcdsql::backend::PoolOptions::default();
+    let endpoint = etcdsql::backend::redact(&config.endpoint);
+    let backend = etcdsql::backend::open(&config.endpoint, &pool)
+        .await
+        .with_context(|| format!("cannot open {endpoint}"))?;
+    let done = match command {
+        Command::Backup { file } => etcdsql::snapshot::save(&backend, &file).await.map(|bytes| {
+            println!(
+                "Snapshot of {endpoint} saved at {} ({bytes} bytes)",
+                file.display()
+            )
+        }),
+        Command::Restore { file } => etcdsql::snapshot::restore(&backend, &file).await.map(|()| {
+            println!("Restored {} into {endpoint}", file.display());
+        }),
+    };
+    backend.close().await;
+    Ok(done?)
 }
 
 async fn wait_for_signal() {

@@ -1122,6 +1122,14 @@ impl Backend for InstrumentedBackend {
         .await
     }
 
+    async fn backup(&self, dest: &std::path::Path) -> backend::Result<()> {
+        timed(&self.metrics, "backup", self.inner.backup(dest)).await
+    }
+
+    async fn restore(&self, source: &std::path::Path) -> backend::Result<()> {
+        timed(&self.metrics, "restore", self.inner.restore(source)).await
+    }
+
     async fn auth(&self) -> backend::Result<backend::AuthRecords> {
         timed(&self.metrics, "auth", self.inner.auth()).await
     }

@@ -325,7 +325,7 @@ fn build_routes(
         )),
         watch: Arc::new(watch),
         lease: Arc::new(lease),
-        cluster: Arc::new(ClusterService::new(info.clone())),
+        cluster: Arc::new(ClusterService::new(info.clone(), callers.clone())),
         maintenance: Arc::new(MaintenanceService::new(
             store.clone(),
             info.clone(),

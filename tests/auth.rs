@@ -167,6 +167,27 @@ async fn every_kind_of_request_is_checked_as_etcd_checks_it() {
         (status_anonymous.code(), status_anonymous.message()),
         (Code::InvalidArgument, "etcdserver: user name is empty")
     );
+    // Requests that need no permission still need a user.
+    for anonymous in [
+        c.lease_grant(10, None).await.map(drop).unwrap_err(),
+        c.member_list().await.map(drop).unwrap_err(),
+        c.alarm(
+            etcd_client::AlarmAction::Get,
+            etcd_client::AlarmType::None,
+            None,
+        )
+        .await
+        .map(drop)
+        .unwrap_err(),
+    ] {
+        assert_eq!(
+            refused(anonymous),
+            (
+                Code::InvalidArgument,
+                "etcdserver: user name is empty".into()
+            )
+        );
+    }
     let wrong = Client::connect(
         [url.as_str()],
         Some(ConnectOptions::new().with_user(alice.as_str(), "wrong")),

@@ -83,6 +83,28 @@ impl Callers {
         Ok(None)
     }
 
+    /// Checks that `request` names a user (while auth is on).
+    ///
+    /// # Errors
+    /// An invalid token, or no caller.
+    pub fn require_user<T>(&self, request: &Request<T>) -> Result<(), Status> {
+        let caller = self.of(request)?;
+        Ok(self.auth.check_user(caller.as_ref())?)
+    }
+
+    /// As [`Callers::require_admin`], with the error as etcd's Maintenance service hands it on
+    /// for Defragment, Hash, HashKV and Snapshot: untranslated, code `Unknown`, `auth: ...`.
+    ///
+    /// # Errors
+    /// As [`Callers::require_admin`].
+    pub fn require_admin_untranslated<T>(&self, request: &Request<T>) -> Result<(), Status> {
+        let untranslated = |e: AuthError| Status::unknown(e.raw_message());
+        let caller = self
+            .resolve(&Credentials::of(request))
+            .map_err(untranslated)?;
+        self.auth.check_admin(caller.as_ref()).map_err(untranslated)
+    }
+
     /// Checks that the caller of `request` is root (while auth is on).
     ///
     /// # Errors

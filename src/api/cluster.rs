@@ -4,15 +4,17 @@
 use tonic::{Request, Response, Status};
 
 use super::ServerInfo;
+use super::auth::Callers;
 use crate::pb::etcdserverpb as pb;
 
 pub struct ClusterService {
     info: ServerInfo,
+    callers: Callers,
 }
 
 impl ClusterService {
-    pub fn new(info: ServerInfo) -> Self {
-        Self { info }
+    pub fn new(info: ServerInfo, callers: Callers) -> Self {
+        Self { info, callers }
     }
 }
 
@@ -47,8 +49,9 @@ impl pb::cluster_server::Cluster for ClusterService {
 
     async fn member_list(
         &self,
-        _request: Request<pb::MemberListRequest>,
+        request: Request<pb::MemberListRequest>,
     ) -> Result<Response<pb::MemberListResponse>, Status> {
+        self.callers.require_user(&request)?;
         // etcd answers membership from raft, not the key space: its header has no revision.
         Ok(Response::new(pb::MemberListResponse {
             header: self.info.header(0),

@@ -6,7 +6,7 @@ use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status, Streaming};
 
 use super::ServerInfo;
-use super::auth::Callers;
+use super::auth::{Callers, Credentials};
 use super::status::RequestError;
 use crate::auth::Access;
 use crate::lease::{Lessor, MAX_TTL};
@@ -37,13 +37,19 @@ impl LeaseService {
 impl LeaseService {
     /// Serves one keep-alive stream: `inbound` carries the client's requests (gRPC, or the
     /// JSON gateway's body); the stream ends when they do.
+    ///
+    /// # Errors
+    /// Auth is on and the credentials name no user.
     pub fn keep_alive<S>(
         &self,
+        credentials: &Credentials,
         mut inbound: S,
-    ) -> ReceiverStream<Result<pb::LeaseKeepAliveResponse, Status>>
+    ) -> Result<ReceiverStream<Result<pb::LeaseKeepAliveResponse, Status>>, Status>
     where
         S: Stream<Item = Result<pb::LeaseKeepAliveRequest, Status>> + Unpin + Send + 'static,
     {
+        let caller = self.callers.resolve(credentials)?;
+        self.callers.auth().check_user(caller.as_ref())?;
         let (out, responses) = mpsc::channel(KEEPALIVE_QUEUE);
         let lessor = self.lessor.clone();
         let info = self.info.clone();
@@ -71,7 +77,7 @@ impl LeaseService {
                 }
             }
         });
-        ReceiverStream::new(responses)
+        Ok(ReceiverStream::new(responses))
     }
 }
 
@@ -81,6 +87,7 @@ impl pb::lease_server::Lease for LeaseService {
         &self,
         request: Request<pb::LeaseGrantRequest>,
     ) -> Result<Response<pb::LeaseGrantResponse>, Status> {
+        self.callers.require_user(&request)?;
         let req = request.into_inner();
         if req.ttl > MAX_TTL {
             return Err(RequestError::LeaseTtlTooLarge.into());
@@ -100,6 +107,7 @@ impl pb::lease_server::Lease for LeaseService {
         request: Request<pb::LeaseRevokeRequest>,
     ) -> Result<Response<pb::LeaseRevokeResponse>, Status> {
         let caller = self.callers.of(&request)?;
+        self.callers.auth().check_user(caller.as_ref())?;
         let id = request.into_inner().id;
         if self.callers.auth().state().enabled {
             // Revoking deletes the lease's keys: the caller must be allowed to write each.
@@ -123,13 +131,17 @@ impl pb::lease_server::Lease for LeaseService {
         &self,
         request: Request<Streaming<pb::LeaseKeepAliveRequest>>,
     ) -> Result<Response<Self::LeaseKeepAliveStream>, Status> {
-        Ok(Response::new(self.keep_alive(request.into_inner())))
+        let credentials = Credentials::of(&request);
+        Ok(Response::new(
+            self.keep_alive(&credentials, request.into_inner())?,
+        ))
     }
 
     async fn lease_time_to_live(
         &self,
         request: Request<pb::LeaseTimeToLiveRequest>,
     ) -> Result<Response<pb::LeaseTimeToLiveResponse>, Status> {
+        self.callers.require_user(&request)?;
         let req = request.into_inner();
         let out = self.lessor.time_to_live(req.id, req.keys).await?;
         let response = match out.value {
@@ -154,8 +166,9 @@ impl pb::lease_server::Lease for LeaseService {
 
     async fn lease_leases(
         &self,
-        _request: Request<pb::LeaseLeasesRequest>,
+        request: Request<pb::LeaseLeasesRequest>,
     ) -> Result<Response<pb::LeaseLeasesResponse>, Status> {
+        self.callers.require_user(&request)?;
         let out = self.lessor.leases().await?;
         Ok(Response::new(pb::LeaseLeasesResponse {
             header: self.info.header(out.revision),

@@ -192,6 +192,18 @@ impl AuthStore {
         }
     }
 
+    /// Whether `who` names a user at all, which every request but Authenticate needs while auth
+    /// is on (even those that need no permission, as in etcd).
+    ///
+    /// # Errors
+    /// `UserEmpty`.
+    pub fn check_user(&self, who: Option<&AuthInfo>) -> std::result::Result<(), AuthError> {
+        if self.state().enabled && who.is_none_or(|w| w.user.is_empty()) {
+            return Err(AuthError::UserEmpty);
+        }
+        Ok(())
+    }
+
     /// Whether `who` may manage the cluster (auth, compaction, maintenance): root only.
     ///
     /// # Errors

@@ -59,6 +59,18 @@ pub enum AuthError {
     NoPasswordUser,
 }
 
+impl AuthError {
+    /// The error as etcd's auth package words it, where etcd hands it on untranslated (its
+    /// Maintenance checks): `auth: ...` instead of `etcdserver: ...`.
+    pub fn raw_message(&self) -> String {
+        let message = self.to_string();
+        match message.strip_prefix("etcdserver: ") {
+            Some(rest) => format!("auth: {rest}"),
+            None => message,
+        }
+    }
+}
+
 /// What a request needs on its keys.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Access {

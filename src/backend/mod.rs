@@ -17,6 +17,7 @@
 //!   older revision adds the few rows replaced since, and the cost of both grows with the rows
 //!   returned, not with the history kept.
 
+mod backup;
 pub mod postgres;
 pub mod sqlite;
 
@@ -212,6 +213,8 @@ pub enum Error {
     },
     #[error("cannot make the write-ahead log durable: {0}")]
     Sync(std::io::Error),
+    #[error("the data store is not empty: a backup restores only into an empty one")]
+    NotEmpty,
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
@@ -263,6 +266,11 @@ pub trait Backend: Send + Sync + 'static {
     async fn alarms(&self) -> Result<Vec<i32>>;
     /// Raises or clears an alarm; whether that changed anything.
     async fn set_alarm(&self, alarm: i32, raise: bool) -> Result<bool>;
+    /// Writes a consistent copy of the whole store to a new SQLite file at `dest` (see
+    /// `backup.rs`), while the store keeps serving.
+    async fn backup(&self, dest: &std::path::Path) -> Result<()>;
+    /// Copies the backup at `source` into this store, which must be empty, in one transaction.
+    async fn restore(&self, source: &std::path::Path) -> Result<()>;
     /// The whole auth store.
     async fn auth(&self) -> Result<AuthRecords>;
     /// Whether auth is on, and the auth revision: enough to learn cheaply whether another

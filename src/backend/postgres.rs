@@ -453,6 +453,28 @@ impl Backend for PostgresBackend {
         Ok(done.rows_affected() > 0)
     }
 
+    async fn backup(&self, dest: &std::path::Path) -> Result<()> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            .execute(&mut *tx)
+            .await?;
+        super::backup::postgres_to_file(&mut tx, dest).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn restore(&self, source: &std::path::Path) -> Result<()> {
+        let mut tx = self.pool.begin().await?;
+        // Other instances write only under the writers' lock.
+        sqlx::query("SELECT pg_advisory_xact_lock($1)")
+            .bind(WRITER_LOCK)
+            .execute(&mut *tx)
+            .await?;
+        super::backup::file_to_postgres(source, &mut tx).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
     async fn auth(&self) -> Result<AuthRecords> {
         // One snapshot, so the records and the revision belong together.
         let mut tx = self.pool.begin().await?;

@@ -42,7 +42,7 @@ use super::{
     Revisions, Scan, WriteTxn, decode_row,
 };
 
-static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
+pub(super) static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
 
 /// Rows per multi-row INSERT: 11 parameters each stays under SQLite's oldest limit of 999
 /// parameters per statement.
@@ -540,6 +540,25 @@ impl Backend for SqliteBackend {
         drop(conn);
         self.sync().await?;
         Ok(done.rows_affected() > 0)
+    }
+
+    async fn backup(&self, dest: &Path) -> Result<()> {
+        // One read snapshot, written as a compact new database; writes go on meanwhile.
+        let mut loan = self.readers.loan().await?;
+        sqlx::query("VACUUM INTO $1")
+            .bind(dest.display().to_string())
+            .execute(&mut loan.conn().conn)
+            .await?;
+        Ok(())
+    }
+
+    async fn restore(&self, source: &Path) -> Result<()> {
+        let mut conn = self.idle_writer().await?;
+        let mut tx = conn.conn.begin().await?;
+        super::backup::file_to_sqlite(source, &mut tx).await?;
+        tx.commit().await?;
+        drop(conn);
+        self.sync().await
     }
 
     async fn auth(&self) -> Result<AuthRecords> {

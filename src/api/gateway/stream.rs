@@ -76,9 +76,13 @@ pub(super) async fn watch(State(services): State<Services>, request: Request) ->
 }
 
 pub(super) async fn keep_alive(State(services): State<Services>, request: Request) -> Response {
-    let (_, body) = request.into_parts();
+    let (parts, body) = request.into_parts();
+    let credentials = Credentials::of(&to_grpc(&parts, ()));
     let inbound = json_objects::<pb::LeaseKeepAliveRequest>(body);
-    stream_body(services.lease.keep_alive(inbound))
+    match services.lease.keep_alive(&credentials, inbound) {
+        Ok(answers) => stream_body(answers),
+        Err(status) => error(&status),
+    }
 }
 
 pub(super) async fn observe(State(services): State<Services>, request: Request) -> Response {

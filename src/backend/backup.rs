@@ -1,0 +1,210 @@
+//! Backups: etcdsql's whole logical content — the revision log, leases, the meta counters and
+//! the auth store — as a SQLite database with etcdsql's own SQLite schema. A backup of either
+//! backend therefore restores into either backend, and a backup is itself a data store that
+//! `sqlite://` can open.
+//!
+//! # Invariants
+//! - A backup is one consistent state: SQLite copies itself with `VACUUM INTO` (one read
+//!   snapshot); PostgreSQL is read in one repeatable-read transaction.
+//! - A restore writes into an empty store only (no log rows, no leases, no users or roles), in
+//!   one transaction: it either fully happens or not at all. Raised alarms are not restored.
+
+use std::path::Path;
+use std::str::FromStr;
+
+use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection, SqlitePool, SqlitePoolOptions};
+use sqlx::{Postgres, QueryBuilder, Sqlite};
+
+use super::{Error, Result};
+
+/// Rows per multi-row INSERT (13 parameters each: under SQLite's oldest limit of 999).
+const CHUNK: usize = 64;
+/// Log rows read per query.
+const READ_CHUNK: i64 = 4096;
+
+#[derive(sqlx::FromRow)]
+struct LogRecord {
+    revision: i64,
+    sub: i64,
+    name: Vec<u8>,
+    created: bool,
+    deleted: bool,
+    create_revision: i64,
+    prev_revision: i64,
+    version: i64,
+    lease: i64,
+    value: Vec<u8>,
+    old_value: Option<Vec<u8>>,
+    old_lease: i64,
+    superseded_by: Option<i64>,
+}
+
+#[derive(sqlx::FromRow)]
+struct LeaseRecord {
+    id: i64,
+    ttl: i64,
+    expires_at: i64,
+}
+
+#[derive(sqlx::FromRow)]
+struct NamedValue {
+    name: String,
+    value: i64,
+}
+
+#[derive(sqlx::FromRow)]
+struct NamedRecord {
+    name: String,
+    record: Vec<u8>,
+}
+
+const SELECT_LOG: &str = "SELECT revision, sub, name, created, deleted, create_revision, \
+     prev_revision, version, lease, value, old_value, old_lease, superseded_by FROM kv_log \
+     WHERE (revision, sub) > ($1, $2) ORDER BY revision, sub LIMIT $3";
+const INSERT_LOG: &str = "INSERT INTO kv_log (revision, sub, name, created, deleted, \
+     create_revision, prev_revision, version, lease, value, old_value, old_lease, superseded_by) ";
+const SELECT_LEASES: &str = "SELECT id, ttl, expires_at FROM leases ORDER BY id";
+const INSERT_LEASES: &str = "INSERT INTO leases (id, ttl, expires_at) ";
+/// Alarms describe the old store's disk, not the data: they stay behind.
+const SELECT_META: &str =
+    "SELECT name, value FROM meta WHERE name NOT LIKE 'alarm:%' ORDER BY name";
+const UPSERT_META: &str = "INSERT INTO meta (name, value) VALUES ($1, $2) \
+     ON CONFLICT (name) DO UPDATE SET value = excluded.value";
+/// The auth tables: (read, write).
+const AUTH_TABLES: [(&str, &str); 2] = [
+    (
+        "SELECT name, record FROM auth_users ORDER BY name",
+        "INSERT INTO auth_users (name, record) VALUES ($1, $2)",
+    ),
+    (
+        "SELECT name, record FROM auth_roles ORDER BY name",
+        "INSERT INTO auth_roles (name, record) VALUES ($1, $2)",
+    ),
+];
+/// What makes a store not empty.
+const CONTENT: &str = "SELECT (SELECT COUNT(*) FROM kv_log) + (SELECT COUNT(*) FROM leases) \
+     + (SELECT COUNT(*) FROM auth_users) + (SELECT COUNT(*) FROM auth_roles)";
+
+/// Opens (creating) the SQLite database at `path` with etcdsql's schema, migrated, as a pool of
+/// one connection (the migrator takes a pool where it could not take a connection inside the
+/// backends' `Send` futures).
+pub(super) async fn open_file(path: &Path) -> Result<SqlitePool> {
+    let options = SqliteConnectOptions::from_str(&format!("sqlite://{}", path.display()))?
+        .create_if_missing(true);
+    let pool = SqlitePoolOptions::new()
+        .max_connections(1)
+        .connect_with(options)
+        .await?;
+    super::sqlite::MIGRATOR.run(&pool).await?;
+    Ok(pool)
+}
+
+/// Fails with `NotEmpty` unless the store on `$conn` holds nothing yet.
+macro_rules! ensure_empty {
+    ($conn:expr) => {{
+        let (rows,): (i64,) = sqlx::query_as(CONTENT).fetch_one(&mut *$conn).await?;
+        if rows != 0 {
+            return Err(Error::NotEmpty);
+        }
+    }};
+}
+
+/// One typed copy loop per direction; the statements are the same in both dialects.
+macro_rules! copy_all {
+    ($from:expr, $to:expr, $to_db:ty) => {{
+        let (from, to) = ($from, $to);
+        let mut after = (0_i64, -1_i64);
+        loop {
+            let rows: Vec<LogRecord> = sqlx::query_as(SELECT_LOG)
+                .bind(after.0)
+                .bind(after.1)
+                .bind(READ_CHUNK)
+                .fetch_all(&mut *from)
+                .await?;
+            let Some(last) = rows.last() else { break };
+            after = (last.revision, last.sub);
+            for chunk in rows.chunks(CHUNK) {
+                let mut insert = QueryBuilder::<$to_db>::new(INSERT_LOG);
+                insert.push_values(chunk, |mut row, r| {
+                    row.push_bind(r.revision)
+                        .push_bind(r.sub)
+                        .push_bind(&r.name)
+                        .push_bind(r.created)
+                        .push_bind(r.deleted)
+                        .push_bind(r.create_revision)
+                        .push_bind(r.prev_revision)
+                        .push_bind(r.version)
+                        .push_bind(r.lease)
+                        .push_bind(&r.value)
+                        .push_bind(&r.old_value)
+                        .push_bind(r.old_lease)
+                        .push_bind(r.superseded_by);
+                });
+                insert.build().execute(&mut *to).await?;
+            }
+        }
+        let leases: Vec<LeaseRecord> = sqlx::query_as(SELECT_LEASES).fetch_all(&mut *from).await?;
+        for chunk in leases.chunks(CHUNK) {
+            let mut insert = QueryBuilder::<$to_db>::new(INSERT_LEASES);
+            insert.push_values(chunk, |mut row, l| {
+                row.push_bind(l.id).push_bind(l.ttl).push_bind(l.expires_at);
+            });
+            insert.build().execute(&mut *to).await?;
+        }
+        let meta: Vec<NamedValue> = sqlx::query_as(SELECT_META).fetch_all(&mut *from).await?;
+        for m in &meta {
+            sqlx::query(UPSERT_META)
+                .bind(&m.name)
+                .bind(m.value)
+                .execute(&mut *to)
+                .await?;
+        }
+        for (read, write) in AUTH_TABLES {
+            let records: Vec<NamedRecord> = sqlx::query_as(read).fetch_all(&mut *from).await?;
+            for r in &records {
+                sqlx::query(write)
+                    .bind(&r.name)
+                    .bind(&r.record)
+                    .execute(&mut *to)
+                    .await?;
+            }
+        }
+    }};
+}
+
+/// Copies a PostgreSQL store, read in `snapshot` (a repeatable-read transaction), into a new
+/// SQLite file at `dest`.
+pub(super) async fn postgres_to_file(snapshot: &mut sqlx::PgConnection, dest: &Path) -> Result<()> {
+    let pool = open_file(dest).await?;
+    let mut file = pool.acquire().await?;
+    sqlx::query("BEGIN").execute(&mut *file).await?;
+    copy_all!(&mut *snapshot, &mut *file, Sqlite);
+    sqlx::query("COMMIT").execute(&mut *file).await?;
+    drop(file);
+    pool.close().await;
+    Ok(())
+}
+
+/// Copies the backup at `source` into the PostgreSQL store `target` (a transaction), which
+/// must be empty.
+pub(super) async fn file_to_postgres(source: &Path, target: &mut sqlx::PgConnection) -> Result<()> {
+    ensure_empty!(target);
+    let pool = open_file(source).await?;
+    let mut file = pool.acquire().await?;
+    copy_all!(&mut *file, &mut *target, Postgres);
+    drop(file);
+    pool.close().await;
+    Ok(())
+}
+
+/// Copies the backup at `source` into the SQLite store on `target` (a transaction), which must
+/// be empty.
+pub(super) async fn file_to_sqlite(source: &Path, target: &mut SqliteConnection) -> Result<()> {
+    ensure_empty!(target);
+    let pool = open_file(source).await?;
+    let mut file = pool.acquire().await?;
+    copy_all!(&mut *file, &mut *target, Sqlite);
+    drop(file);
+    pool.close().await;
+    Ok(())
+}
