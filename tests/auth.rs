@@ -284,6 +284,21 @@ async fn every_kind_of_request_is_checked_as_etcd_checks_it() {
         .unwrap();
     a.lease_revoke(own).await.unwrap();
     assert_eq!(refused(a.lease_revoke(lease).await.unwrap_err()), denied());
+    // Nor may alice attach a key to a lease holding keys she may not write.
+    assert_eq!(
+        refused(
+            a.put(rw.as_str(), "4", Some(PutOptions::new().with_lease(lease)))
+                .await
+                .unwrap_err()
+        ),
+        denied()
+    );
+    let attach = etcd_client::Txn::new().and_then([etcd_client::TxnOp::put(
+        rw.as_str(),
+        "5",
+        Some(PutOptions::new().with_lease(lease)),
+    )]);
+    assert_eq!(refused(a.txn(attach).await.unwrap_err()), denied());
 
     // Cluster management is root's; alarms and members are anyone's.
     assert_eq!(

@@ -10,6 +10,7 @@ use tonic::{Request, Response, Status};
 use super::ServerInfo;
 use super::auth::{Callers, Credentials};
 use super::status::RequestError;
+use crate::auth::{Access, AuthInfo};
 use crate::metrics::{Metrics, OpCounts};
 use crate::mvcc::Store;
 use crate::mvcc::types::{
@@ -36,6 +37,43 @@ impl KvService {
             callers,
         }
     }
+}
+
+impl KvService {
+    /// While auth is on, a key may join a lease only if the caller may write every key already
+    /// on it: otherwise the caller could not revoke the lease it extends (etcd's rule).
+    async fn check_lease_keys(
+        &self,
+        caller: Option<&AuthInfo>,
+        lease: Option<i64>,
+    ) -> Result<(), Status> {
+        let auth = self.callers.auth();
+        let Some(lease) = lease.filter(|&l| l != 0 && auth.state().enabled) else {
+            return Ok(());
+        };
+        let attached = self.store.read_lease(lease, true).await?;
+        for key in attached.value.map(|(_, keys)| keys).unwrap_or_default() {
+            auth.check(caller, &key, &[], Access::Write)?;
+        }
+        Ok(())
+    }
+}
+
+/// The leases a txn's puts attach keys to, at any depth.
+fn txn_put_leases(txn: &TxnRequest) -> Vec<i64> {
+    let mut leases = Vec::new();
+    for op in txn.success.iter().chain(&txn.failure) {
+        match op {
+            Op::Put(PutRequest {
+                lease: Some(lease), ..
+            }) if *lease != 0 => leases.push(*lease),
+            Op::Txn(inner) => leases.extend(txn_put_leases(inner)),
+            _ => {}
+        }
+    }
+    leases.sort_unstable();
+    leases.dedup();
+    leases
 }
 
 #[tonic::async_trait]
@@ -71,6 +109,7 @@ impl pb::kv_server::Kv for KvService {
         let put = convert_put(req)?;
         let caller = self.callers.resolve(&credentials)?;
         self.callers.auth().check_put(caller.as_ref(), &put)?;
+        self.check_lease_keys(caller.as_ref(), put.lease).await?;
         let out = self.store.put(put).await?;
         self.metrics.record_ops(OpCounts {
             puts: 1,
@@ -113,6 +152,9 @@ impl pb::kv_server::Kv for KvService {
         let txn = convert_txn(req, self.info.max_txn_ops)?;
         let caller = self.callers.resolve(&credentials)?;
         self.callers.auth().check_txn(caller.as_ref(), &txn)?;
+        for lease in txn_put_leases(&txn) {
+            self.check_lease_keys(caller.as_ref(), Some(lease)).await?;
+        }
         let out = self.store.txn(txn).await?;
         self.metrics.record_ops(OpCounts::of_txn(&out.value));
         Ok(Response::new(txn_to_pb(
