@@ -17,6 +17,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -43,24 +44,30 @@ var (
 	started  atomic.Int64
 )
 
-// freePort asks the kernel for an unused loopback port. Another process could take it before
-// the server binds it; portLock at least keeps this suite's own servers from racing.
-func freePort(t testing.TB) int {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("no free port: %v", err)
+// freePorts asks the kernel for n distinct unused loopback ports (all held open until all are
+// chosen, so they differ). Another process could take one before the server binds it: RunEtcd
+// then starts again on new ones. portLock keeps this suite's own servers from racing.
+func freePorts(t testing.TB, n int) []int {
+	ports := make([]int, 0, n)
+	for i := 0; i < n; i++ {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatalf("no free port: %v", err)
+		}
+		defer l.Close()
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	return ports
 }
 
-// serverArgs are the flags that start the selected server on clientPort with its data in dir.
-func serverArgs(t testing.TB, server string, cfg *embed.Config, clientPort int, dir string) []string {
+// serverArgs are the flags that start the selected server on clientPort (etcd: peerPort for its
+// peer listener) with its data in dir.
+func serverArgs(t testing.TB, server string, cfg *embed.Config, clientPort, peerPort int, dir string) []string {
 	client := "http://127.0.0.1:" + strconv.Itoa(clientPort)
 	interval := cfg.ExperimentalWatchProgressNotifyInterval
 	switch server {
 	case "etcd":
-		peer := "http://127.0.0.1:" + strconv.Itoa(freePort(t))
+		peer := "http://127.0.0.1:" + strconv.Itoa(peerPort)
 		args := []string{
 			"--name", "default", "--data-dir", filepath.Join(dir, "etcd"),
 			"--listen-client-urls", client, "--advertise-client-urls", client,
@@ -91,18 +98,15 @@ func serverArgs(t testing.TB, server string, cfg *embed.Config, clientPort int, 
 	return nil
 }
 
-// RunEtcd starts a fresh server for this test and returns a client connected to it; the
+// startServer starts the server in dir/attemptN and waits until it listens; it returns its
+// address, or retry=true if it exited because its port was taken (and attempts remain). The
 // server is stopped when the test ends.
-func RunEtcd(t testing.TB, cfg *embed.Config) *kubernetes.Client {
-	t.Helper()
-	server, bin := os.Getenv("ETCDSQL_SUITE_SERVER"), os.Getenv("ETCDSQL_SUITE_BIN")
-	if server == "" || bin == "" {
-		t.Fatal("set ETCDSQL_SUITE_SERVER (etcdsql or etcd) and ETCDSQL_SUITE_BIN")
+func startServer(t testing.TB, server, bin string, cfg *embed.Config, dir string, attempt int) (string, bool) {
+	const attempts = 3
+	dir = filepath.Join(dir, fmt.Sprintf("attempt%d", attempt))
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
 	}
-	if cfg == nil {
-		cfg = NewTestConfig(t)
-	}
-	dir := t.TempDir()
 	logPath := filepath.Join(dir, "server.log")
 	logFile, err := os.Create(logPath)
 	if err != nil {
@@ -110,15 +114,21 @@ func RunEtcd(t testing.TB, cfg *embed.Config) *kubernetes.Client {
 	}
 
 	portLock.Lock()
-	port := freePort(t)
-	cmd := exec.Command(bin, serverArgs(t, server, cfg, port, dir)...)
+	defer portLock.Unlock()
+	ports := freePorts(t, 2)
+	cmd := exec.Command(bin, serverArgs(t, server, cfg, ports[0], ports[1], dir)...)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	if err := cmd.Start(); err != nil {
-		portLock.Unlock()
 		t.Fatalf("start %s: %v", bin, err)
 	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
+	// Closed once the process has exited; waitErr is its status then. Both the wait below and
+	// the cleanup read it, so neither can miss the exit.
+	exited := make(chan struct{})
+	var waitErr error
+	go func() {
+		waitErr = cmd.Wait()
+		close(exited)
+	}()
 	t.Cleanup(func() {
 		_ = cmd.Process.Signal(syscall.SIGTERM)
 		select {
@@ -134,28 +144,53 @@ func RunEtcd(t testing.TB, cfg *embed.Config) *kubernetes.Client {
 			}
 		}
 	})
-	address := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	address := net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[0]))
 	deadline := time.Now().Add(60 * time.Second)
 	for {
 		conn, err := net.DialTimeout("tcp", address, time.Second)
 		if err == nil {
 			conn.Close()
-			break
+			return address, false
 		}
 		select {
-		case err := <-exited:
-			portLock.Unlock()
+		case <-exited:
 			log, _ := os.ReadFile(logPath)
-			t.Fatalf("%s exited before serving (%v):\n%s", server, err, log)
+			if attempt < attempts && strings.Contains(string(log), "address already in use") {
+				t.Logf("%s lost its port (attempt %d); starting it again", server, attempt)
+				return "", true
+			}
+			t.Fatalf("%s exited before serving (%v):\n%s", server, waitErr, log)
 		default:
 		}
 		if time.Now().After(deadline) {
-			portLock.Unlock()
 			t.Fatalf("%s did not listen on %s within 60 s", server, address)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	portLock.Unlock()
+}
+
+// RunEtcd starts a fresh server for this test and returns a client connected to it; the
+// server is stopped when the test ends.
+func RunEtcd(t testing.TB, cfg *embed.Config) *kubernetes.Client {
+	t.Helper()
+	server, bin := os.Getenv("ETCDSQL_SUITE_SERVER"), os.Getenv("ETCDSQL_SUITE_BIN")
+	if server == "" || bin == "" {
+		t.Fatal("set ETCDSQL_SUITE_SERVER (etcdsql or etcd) and ETCDSQL_SUITE_BIN")
+	}
+	if cfg == nil {
+		cfg = NewTestConfig(t)
+	}
+	dir := t.TempDir()
+	var address string
+	// A start that finds its port taken (another process got it between freePorts and the
+	// server's bind) is tried again on new ports, a few times.
+	for attempt := 1; ; attempt++ {
+		var retry bool
+		address, retry = startServer(t, server, bin, cfg, dir, attempt)
+		if !retry {
+			break
+		}
+	}
 
 	endpoint := url.URL{Scheme: "http", Host: address}
 	client, err := kubernetes.New(clientv3.Config{
