@@ -179,9 +179,7 @@ impl AuthStore {
         if !state.enabled {
             return Ok(());
         }
-        let who = who
-            .filter(|w| !w.user.is_empty())
-            .ok_or(AuthError::UserEmpty)?;
+        let who = named(who)?;
         if who.revision < state.revision {
             return Err(AuthError::AuthOldRevision);
         }
@@ -198,8 +196,8 @@ impl AuthStore {
     /// # Errors
     /// `UserEmpty`.
     pub fn check_user(&self, who: Option<&AuthInfo>) -> std::result::Result<(), AuthError> {
-        if self.state().enabled && who.is_none_or(|w| w.user.is_empty()) {
-            return Err(AuthError::UserEmpty);
+        if self.state().enabled {
+            named(who)?;
         }
         Ok(())
     }
@@ -213,10 +211,7 @@ impl AuthStore {
         if !state.enabled {
             return Ok(());
         }
-        let who = who
-            .filter(|w| !w.user.is_empty())
-            .ok_or(AuthError::UserEmpty)?;
-        let user = state.user(&who.user)?;
+        let user = state.user(&named(who)?.user)?;
         if state::has_root_role(user) {
             Ok(())
         } else {
@@ -365,7 +360,14 @@ impl AuthStore {
     }
 }
 
-/// Polls the database's auth revision and reloads when another instance moved it.
+/// The caller, if it names a user; etcd's `user name is empty` otherwise.
+fn named(who: Option<&AuthInfo>) -> std::result::Result<&AuthInfo, AuthError> {
+    who.filter(|w| !w.user.is_empty())
+        .ok_or(AuthError::UserEmpty)
+}
+
+/// Polls the database's auth version and reloads when another instance moved it (turning auth
+/// on leaves the revision alone, so both are compared).
 async fn follow_changes(store: AuthStore, shutdown: CancellationToken) {
     let mut ticker = tokio::time::interval(REFRESH);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

@@ -17,10 +17,6 @@
 //!   older revision adds the few rows replaced since, and the cost of both grows with the rows
 //!   returned, not with the history kept.
 
-mod backup;
-pub mod postgres;
-pub mod sqlite;
-
 use async_trait::async_trait;
 
 /// One change of one key at one revision: a row of the log table.
@@ -151,6 +147,69 @@ const AUTH_ROLES: &str = "SELECT name, record FROM auth_roles ORDER BY name";
 const AUTH_SET_META: &str = "UPDATE meta SET value = $1 WHERE name = $2";
 const AUTH_INSERT_USER: &str = "INSERT INTO auth_users (name, record) VALUES ($1, $2)";
 const AUTH_INSERT_ROLE: &str = "INSERT INTO auth_roles (name, record) VALUES ($1, $2)";
+
+/// Reads the whole auth store through `$conn` (a transaction of either dialect: the statements
+/// are the same in both).
+macro_rules! read_auth {
+    ($conn:expr) => {{
+        let conn = $conn;
+        let meta: Vec<(String, i64)> = sqlx::query_as(super::AUTH_META)
+            .fetch_all(&mut *conn)
+            .await?;
+        let users = sqlx::query_as(super::AUTH_USERS)
+            .fetch_all(&mut *conn)
+            .await?;
+        let roles = sqlx::query_as(super::AUTH_ROLES)
+            .fetch_all(&mut *conn)
+            .await?;
+        super::AuthRecords {
+            users,
+            roles,
+            ..super::AuthRecords::default()
+        }
+        .with_meta(meta)
+    }};
+}
+
+/// Replaces the auth store with `$next` through `$conn` (a transaction of either dialect),
+/// once the caller has checked the version it replaces.
+macro_rules! write_auth {
+    ($conn:expr, $next:expr) => {{
+        let (conn, next) = ($conn, $next);
+        sqlx::query("DELETE FROM auth_users")
+            .execute(&mut *conn)
+            .await?;
+        sqlx::query("DELETE FROM auth_roles")
+            .execute(&mut *conn)
+            .await?;
+        for (statement, records) in [
+            (super::AUTH_INSERT_USER, &next.users),
+            (super::AUTH_INSERT_ROLE, &next.roles),
+        ] {
+            for (name, record) in records {
+                sqlx::query(statement)
+                    .bind(name)
+                    .bind(record)
+                    .execute(&mut *conn)
+                    .await?;
+            }
+        }
+        for (name, value) in [
+            ("auth_enabled", i64::from(next.enabled)),
+            ("auth_revision", next.revision),
+        ] {
+            sqlx::query(super::AUTH_SET_META)
+                .bind(value)
+                .bind(name)
+                .execute(&mut *conn)
+                .await?;
+        }
+    }};
+}
+
+mod backup;
+pub mod postgres;
+pub mod sqlite;
 
 impl AuthRecords {
     /// The flags from the rows of [`AUTH_META`] (both rows exist from the migration on).

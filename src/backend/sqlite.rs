@@ -563,22 +563,10 @@ impl Backend for SqliteBackend {
 
     async fn auth(&self) -> Result<AuthRecords> {
         let mut loan = self.readers.loan().await?;
-        let conn = &mut loan.conn().conn;
-        let mut tx = conn.begin().await?;
-        let meta: Vec<(String, i64)> = sqlx::query_as(super::AUTH_META).fetch_all(&mut *tx).await?;
-        let users = sqlx::query_as(super::AUTH_USERS)
-            .fetch_all(&mut *tx)
-            .await?;
-        let roles = sqlx::query_as(super::AUTH_ROLES)
-            .fetch_all(&mut *tx)
-            .await?;
+        let mut tx = loan.conn().conn.begin().await?;
+        let records = read_auth!(&mut *tx);
         tx.commit().await?;
-        Ok(AuthRecords {
-            users,
-            roles,
-            ..AuthRecords::default()
-        }
-        .with_meta(meta))
+        Ok(records)
     }
 
     async fn auth_version(&self) -> Result<AuthVersion> {
@@ -596,34 +584,7 @@ impl Backend for SqliteBackend {
         if AuthVersion::from_meta(rows) != expected {
             return Ok(false);
         }
-        sqlx::query("DELETE FROM auth_users")
-            .execute(&mut *tx)
-            .await?;
-        sqlx::query("DELETE FROM auth_roles")
-            .execute(&mut *tx)
-            .await?;
-        for (statement, records) in [
-            (super::AUTH_INSERT_USER, &next.users),
-            (super::AUTH_INSERT_ROLE, &next.roles),
-        ] {
-            for (name, record) in records {
-                sqlx::query(statement)
-                    .bind(name)
-                    .bind(record)
-                    .execute(&mut *tx)
-                    .await?;
-            }
-        }
-        for (name, value) in [
-            ("auth_enabled", i64::from(next.enabled)),
-            ("auth_revision", next.revision),
-        ] {
-            sqlx::query(super::AUTH_SET_META)
-                .bind(value)
-                .bind(name)
-                .execute(&mut *tx)
-                .await?;
-        }
+        write_auth!(&mut *tx, next);
         tx.commit().await?;
         drop(conn);
         self.sync().await?;
