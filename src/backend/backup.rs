@@ -5,16 +5,19 @@
 //!
 //! # Invariants
 //! - A backup is one consistent state: SQLite copies itself with `VACUUM INTO` (one read
-//!   snapshot); PostgreSQL is read in one repeatable-read transaction.
+//!   snapshot); PostgreSQL and MySQL are read in one repeatable-read transaction.
 //! - A restore writes into an empty store only (no log rows, no leases, no users or roles), in
 //!   one transaction: it either fully happens or not at all. Raised alarms are not restored.
 
 use std::path::Path;
 use std::str::FromStr;
 
-use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection, SqlitePool, SqlitePoolOptions};
-use sqlx::{Postgres, QueryBuilder, Sqlite};
+use std::borrow::Cow;
 
+use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection, SqlitePool, SqlitePoolOptions};
+use sqlx::{AssertSqlSafe, MySql, Postgres, QueryBuilder, Sqlite};
+
+use super::core::number_placeholders;
 use super::{Error, Result};
 
 /// Rows per multi-row INSERT (13 parameters each: under SQLite's oldest limit of 999).
@@ -60,7 +63,7 @@ struct NamedRecord {
 
 const SELECT_LOG: &str = "SELECT revision, sub, name, created, deleted, create_revision, \
      prev_revision, version, lease, value, old_value, old_lease, superseded_by FROM kv_log \
-     WHERE (revision, sub) > ($1, $2) ORDER BY revision, sub LIMIT $3";
+     WHERE (revision, sub) > (?, ?) ORDER BY revision, sub LIMIT ?";
 const INSERT_LOG: &str = "INSERT INTO kv_log (revision, sub, name, created, deleted, \
      create_revision, prev_revision, version, lease, value, old_value, old_lease, superseded_by) ";
 const SELECT_LEASES: &str = "SELECT id, ttl, expires_at FROM leases ORDER BY id";
@@ -68,17 +71,19 @@ const INSERT_LEASES: &str = "INSERT INTO leases (id, ttl, expires_at) ";
 /// Alarms describe the old store's disk, not the data: they stay behind.
 const SELECT_META: &str =
     "SELECT name, value FROM meta WHERE name NOT LIKE 'alarm:%' ORDER BY name";
-const UPSERT_META: &str = "INSERT INTO meta (name, value) VALUES ($1, $2) \
+const UPSERT_META: &str = "INSERT INTO meta (name, value) VALUES (?, ?) \
      ON CONFLICT (name) DO UPDATE SET value = excluded.value";
+const UPSERT_META_MYSQL: &str =
+    "INSERT INTO meta (name, value) VALUES (?, ?) ON DUPLICATE KEY UPDATE value = VALUES(value)";
 /// The auth tables: (read, write).
 const AUTH_TABLES: [(&str, &str); 2] = [
     (
         "SELECT name, record FROM auth_users ORDER BY name",
-        "INSERT INTO auth_users (name, record) VALUES ($1, $2)",
+        "INSERT INTO auth_users (name, record) VALUES (?, ?)",
     ),
     (
         "SELECT name, record FROM auth_roles ORDER BY name",
-        "INSERT INTO auth_roles (name, record) VALUES ($1, $2)",
+        "INSERT INTO auth_roles (name, record) VALUES (?, ?)",
     ),
 ];
 /// What makes a store not empty.
@@ -109,13 +114,24 @@ macro_rules! ensure_empty {
     }};
 }
 
-/// One typed copy loop per direction; the statements are the same in both dialects.
+/// The statements here as PostgreSQL numbers its placeholders.
+fn numbered(sql: &'static str) -> AssertSqlSafe<Cow<'static, str>> {
+    AssertSqlSafe(Cow::Owned(number_placeholders(sql)))
+}
+
+/// The statements here as SQLite and MySQL take them.
+fn anonymous(sql: &'static str) -> AssertSqlSafe<Cow<'static, str>> {
+    AssertSqlSafe(Cow::Borrowed(sql))
+}
+
+/// One typed copy loop per direction: `$from_sql` and `$to_sql` spell the statements for the
+/// source and the target, `$upsert` is the target's upsert of a meta row.
 macro_rules! copy_all {
-    ($from:expr, $to:expr, $to_db:ty) => {{
+    ($from:expr, $from_sql:expr, $to:expr, $to_db:ty, $to_sql:expr, $upsert:expr) => {{
         let (from, to) = ($from, $to);
         let mut after = (0_i64, -1_i64);
         loop {
-            let rows: Vec<LogRecord> = sqlx::query_as(SELECT_LOG)
+            let rows: Vec<LogRecord> = sqlx::query_as($from_sql(SELECT_LOG))
                 .bind(after.0)
                 .bind(after.1)
                 .bind(READ_CHUNK)
@@ -153,7 +169,7 @@ macro_rules! copy_all {
         }
         let meta: Vec<NamedValue> = sqlx::query_as(SELECT_META).fetch_all(&mut *from).await?;
         for m in &meta {
-            sqlx::query(UPSERT_META)
+            sqlx::query($to_sql($upsert))
                 .bind(&m.name)
                 .bind(m.value)
                 .execute(&mut *to)
@@ -162,7 +178,7 @@ macro_rules! copy_all {
         for (read, write) in AUTH_TABLES {
             let records: Vec<NamedRecord> = sqlx::query_as(read).fetch_all(&mut *from).await?;
             for r in &records {
-                sqlx::query(write)
+                sqlx::query($to_sql(write))
                     .bind(&r.name)
                     .bind(&r.record)
                     .execute(&mut *to)
@@ -178,7 +194,14 @@ pub(super) async fn postgres_to_file(snapshot: &mut sqlx::PgConnection, dest: &P
     let pool = open_file(dest).await?;
     let mut file = pool.acquire().await?;
     sqlx::query("BEGIN").execute(&mut *file).await?;
-    copy_all!(&mut *snapshot, &mut *file, Sqlite);
+    copy_all!(
+        &mut *snapshot,
+        numbered,
+        &mut *file,
+        Sqlite,
+        anonymous,
+        UPSERT_META
+    );
     sqlx::query("COMMIT").execute(&mut *file).await?;
     drop(file);
     pool.close().await;
@@ -191,7 +214,14 @@ pub(super) async fn file_to_postgres(source: &Path, target: &mut sqlx::PgConnect
     ensure_empty!(target);
     let pool = open_file(source).await?;
     let mut file = pool.acquire().await?;
-    copy_all!(&mut *file, &mut *target, Postgres);
+    copy_all!(
+        &mut *file,
+        anonymous,
+        &mut *target,
+        Postgres,
+        numbered,
+        UPSERT_META
+    );
     drop(file);
     pool.close().await;
     Ok(())
@@ -203,7 +233,53 @@ pub(super) async fn file_to_sqlite(source: &Path, target: &mut SqliteConnection)
     ensure_empty!(target);
     let pool = open_file(source).await?;
     let mut file = pool.acquire().await?;
-    copy_all!(&mut *file, &mut *target, Sqlite);
+    copy_all!(
+        &mut *file,
+        anonymous,
+        &mut *target,
+        Sqlite,
+        anonymous,
+        UPSERT_META
+    );
+    drop(file);
+    pool.close().await;
+    Ok(())
+}
+
+/// Copies a MySQL store, read in `snapshot` (a consistent-snapshot transaction), into a new
+/// SQLite file at `dest`.
+pub(super) async fn mysql_to_file(snapshot: &mut sqlx::MySqlConnection, dest: &Path) -> Result<()> {
+    let pool = open_file(dest).await?;
+    let mut file = pool.acquire().await?;
+    sqlx::query("BEGIN").execute(&mut *file).await?;
+    copy_all!(
+        &mut *snapshot,
+        anonymous,
+        &mut *file,
+        Sqlite,
+        anonymous,
+        UPSERT_META
+    );
+    sqlx::query("COMMIT").execute(&mut *file).await?;
+    drop(file);
+    pool.close().await;
+    Ok(())
+}
+
+/// Copies the backup at `source` into the MySQL store `target` (a transaction), which must be
+/// empty.
+pub(super) async fn file_to_mysql(source: &Path, target: &mut sqlx::MySqlConnection) -> Result<()> {
+    ensure_empty!(target);
+    let pool = open_file(source).await?;
+    let mut file = pool.acquire().await?;
+    copy_all!(
+        &mut *file,
+        anonymous,
+        &mut *target,
+        MySql,
+        anonymous,
+        UPSERT_META_MYSQL
+    );
     drop(file);
     pool.close().await;
     Ok(())

@@ -79,31 +79,6 @@ pub struct Revisions {
     pub compact: i64,
 }
 
-/// Alarms are `meta` rows named `alarm:N` (N: etcd's alarm type), 1 while raised. The
-/// statements are the same in both dialects (`$1` is SQLite's too).
-const ALARMS_RAISED: &str = "SELECT name FROM meta WHERE name LIKE 'alarm:%' AND value = 1";
-const RAISE_ALARM: &str = "INSERT INTO meta (name, value) VALUES ($1, 1) \
-     ON CONFLICT (name) DO UPDATE SET value = 1 WHERE meta.value = 0";
-const CLEAR_ALARM: &str = "UPDATE meta SET value = 0 WHERE name = $1 AND value = 1";
-
-/// The statement that raises (or clears) an alarm, bound to [`alarm_name`].
-fn set_alarm_statement(raise: bool) -> &'static str {
-    if raise { RAISE_ALARM } else { CLEAR_ALARM }
-}
-
-fn alarm_name(alarm: i32) -> String {
-    format!("alarm:{alarm}")
-}
-
-fn alarm_numbers(names: &[String]) -> Vec<i32> {
-    let mut alarms: Vec<i32> = names
-        .iter()
-        .filter_map(|n| n.strip_prefix("alarm:")?.parse().ok())
-        .collect();
-    alarms.sort_unstable();
-    alarms
-}
-
 /// etcd's auth store as the database keeps it: the records are authpb protobuf, which only
 /// `crate::auth` reads.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -133,86 +108,21 @@ impl AuthRecords {
 }
 
 impl AuthVersion {
-    /// The version from the rows of [`AUTH_META`].
+    /// The version from the rows `(name, value)` of `auth_enabled` and `auth_revision`.
     fn from_meta(rows: Vec<(String, i64)>) -> Self {
         AuthRecords::default().with_meta(rows).version()
     }
 }
 
-/// The auth statements, the same in both dialects.
-const AUTH_META: &str =
-    "SELECT name, value FROM meta WHERE name IN ('auth_enabled', 'auth_revision')";
-const AUTH_USERS: &str = "SELECT name, record FROM auth_users ORDER BY name";
-const AUTH_ROLES: &str = "SELECT name, record FROM auth_roles ORDER BY name";
-const AUTH_SET_META: &str = "UPDATE meta SET value = $1 WHERE name = $2";
-const AUTH_INSERT_USER: &str = "INSERT INTO auth_users (name, record) VALUES ($1, $2)";
-const AUTH_INSERT_ROLE: &str = "INSERT INTO auth_roles (name, record) VALUES ($1, $2)";
-
-/// Reads the whole auth store through `$conn` (a transaction of either dialect: the statements
-/// are the same in both).
-macro_rules! read_auth {
-    ($conn:expr) => {{
-        let conn = $conn;
-        let meta: Vec<(String, i64)> = sqlx::query_as(super::AUTH_META)
-            .fetch_all(&mut *conn)
-            .await?;
-        let users = sqlx::query_as(super::AUTH_USERS)
-            .fetch_all(&mut *conn)
-            .await?;
-        let roles = sqlx::query_as(super::AUTH_ROLES)
-            .fetch_all(&mut *conn)
-            .await?;
-        super::AuthRecords {
-            users,
-            roles,
-            ..super::AuthRecords::default()
-        }
-        .with_meta(meta)
-    }};
-}
-
-/// Replaces the auth store with `$next` through `$conn` (a transaction of either dialect),
-/// once the caller has checked the version it replaces.
-macro_rules! write_auth {
-    ($conn:expr, $next:expr) => {{
-        let (conn, next) = ($conn, $next);
-        sqlx::query("DELETE FROM auth_users")
-            .execute(&mut *conn)
-            .await?;
-        sqlx::query("DELETE FROM auth_roles")
-            .execute(&mut *conn)
-            .await?;
-        for (statement, records) in [
-            (super::AUTH_INSERT_USER, &next.users),
-            (super::AUTH_INSERT_ROLE, &next.roles),
-        ] {
-            for (name, record) in records {
-                sqlx::query(statement)
-                    .bind(name)
-                    .bind(record)
-                    .execute(&mut *conn)
-                    .await?;
-            }
-        }
-        for (name, value) in [
-            ("auth_enabled", i64::from(next.enabled)),
-            ("auth_revision", next.revision),
-        ] {
-            sqlx::query(super::AUTH_SET_META)
-                .bind(value)
-                .bind(name)
-                .execute(&mut *conn)
-                .await?;
-        }
-    }};
-}
-
 mod backup;
+pub mod core;
+pub mod mysql;
 pub mod postgres;
 pub mod sqlite;
 
 impl AuthRecords {
-    /// The flags from the rows of [`AUTH_META`] (both rows exist from the migration on).
+    /// The flags from the rows `(name, value)` of `auth_enabled` and `auth_revision` (both
+    /// exist from the migration on).
     fn with_meta(mut self, rows: Vec<(String, i64)>) -> Self {
         for (name, value) in rows {
             match name.as_str() {
@@ -221,27 +131,6 @@ impl AuthRecords {
             }
         }
         self
-    }
-}
-
-/// The statement both backends read their revision counters with (their `meta` table).
-const META_REVISIONS: &str =
-    "SELECT name, value FROM meta WHERE name IN ('current_revision', 'compact_revision')";
-
-impl Revisions {
-    /// The counters from the rows of [`META_REVISIONS`]; a new store has none yet.
-    fn from_meta(rows: Vec<(String, i64)>) -> Self {
-        let mut revisions = Revisions {
-            current: 1,
-            compact: 0,
-        };
-        for (name, value) in rows {
-            match name.as_str() {
-                "current_revision" => revisions.current = value,
-                _ => revisions.compact = value,
-            }
-        }
-        revisions
     }
 }
 
@@ -258,7 +147,9 @@ pub enum Error {
     Sql(#[from] sqlx::Error),
     #[error("database migration failed: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
-    #[error("unsupported endpoint {0:?}: expected sqlite://PATH or postgres://USER@HOST/DB")]
+    #[error(
+        "unsupported endpoint {0:?}: expected sqlite://PATH, postgres://USER@HOST/DB or mysql://USER@HOST/DB"
+    )]
     UnsupportedEndpoint(String),
     #[error("cannot create the database folder {path}: {source}")]
     CreateDir {
@@ -402,32 +293,7 @@ pub trait WriteTxn: ReadTxn {
     async fn commit(self: Box<Self>) -> Result<()>;
 }
 
-/// Reads a [`LogRow`] from a row whose columns are in the log table's order.
-fn decode_row<R>(row: &R) -> Result<LogRow>
-where
-    R: sqlx::Row,
-    usize: sqlx::ColumnIndex<R>,
-    i64: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-    bool: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-    Vec<u8>: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-{
-    Ok(LogRow {
-        revision: row.try_get(0)?,
-        sub: row.try_get(1)?,
-        key: row.try_get(2)?,
-        created: row.try_get(3)?,
-        deleted: row.try_get(4)?,
-        create_revision: row.try_get(5)?,
-        prev_revision: row.try_get(6)?,
-        version: row.try_get(7)?,
-        lease: row.try_get(8)?,
-        value: row.try_get(9)?,
-        old_value: row.try_get(10)?,
-        old_lease: row.try_get(11)?,
-    })
-}
-
-/// Connection pool settings for backends that have a server (PostgreSQL).
+/// Connection pool settings for backends that have a server (PostgreSQL, MySQL).
 #[derive(Clone, Debug)]
 pub struct PoolOptions {
     pub max_connections: u32,
@@ -469,14 +335,19 @@ pub fn redact(endpoint: &str) -> String {
 /// # Errors
 /// An unknown scheme, an unreachable database, or a failed migration.
 pub async fn open(endpoint: &str, pool: &PoolOptions) -> Result<std::sync::Arc<dyn Backend>> {
+    use core::SqlBackend;
     if let Some(path) = endpoint.strip_prefix("sqlite://") {
-        Ok(std::sync::Arc::new(
-            sqlite::SqliteBackend::open(path).await?,
-        ))
+        Ok(std::sync::Arc::new(SqlBackend(
+            sqlite::Sqlite::open(path).await?,
+        )))
     } else if endpoint.starts_with("postgres://") || endpoint.starts_with("postgresql://") {
-        Ok(std::sync::Arc::new(
-            postgres::PostgresBackend::open(endpoint, pool).await?,
-        ))
+        Ok(std::sync::Arc::new(SqlBackend(
+            postgres::Postgres::open(endpoint, pool).await?,
+        )))
+    } else if endpoint.starts_with("mysql://") || endpoint.starts_with("mariadb://") {
+        Ok(std::sync::Arc::new(SqlBackend(
+            mysql::Mysql::open(endpoint, pool).await?,
+        )))
     } else {
         Err(Error::UnsupportedEndpoint(redact(endpoint)))
     }

@@ -1,0 +1,188 @@
+//! [`ReadTxn`] and [`WriteTxn`] once, over any dialect's [`Session`].
+
+use async_trait::async_trait;
+
+use super::{Columns, Session, SqlTxn, Stmt, decode_row, lease_rows};
+use crate::backend::{LeaseRow, LogRow, RangeEnd, ReadTxn, Result, Revisions, Scan, WriteTxn};
+
+impl<S: Session> SqlTxn<S> {
+    async fn rows(&mut self, stmt: Stmt<'_>) -> Result<Vec<LogRow>> {
+        self.0.fetch(stmt).await?.iter().map(decode_row).collect()
+    }
+
+    async fn leases_of(&mut self, stmt: Stmt<'_>) -> Result<Vec<LeaseRow>> {
+        lease_rows(self.0.fetch(stmt).await?)
+    }
+
+    /// Whether a statement that returns no rows changed exactly one.
+    async fn changed_one(&mut self, stmt: Stmt<'_>) -> Result<bool> {
+        Ok(self.0.execute(stmt).await? == 1)
+    }
+
+    fn queue_meta(&mut self, name: &'static str, value: i64) -> Stmt<'static> {
+        Stmt::new(&*self.0.sql().set_meta).int(value).text(name)
+    }
+}
+
+#[async_trait]
+impl<S: Session> ReadTxn for SqlTxn<S> {
+    async fn revisions(&mut self) -> Result<Revisions> {
+        let rows = self.0.fetch(Stmt::new(&*self.0.sql().revisions)).await?;
+        let mut revisions = Revisions {
+            current: 1,
+            compact: 0,
+        };
+        for row in rows {
+            match row.text(0)?.as_str() {
+                "current_revision" => revisions.current = row.int(1)?,
+                _ => revisions.compact = row.int(1)?,
+            }
+        }
+        Ok(revisions)
+    }
+
+    async fn scan(&mut self, scan: &Scan<'_>) -> Result<Vec<LogRow>> {
+        let stmt = (self.0.sql().scan)(scan);
+        self.rows(stmt).await
+    }
+
+    async fn count(&mut self, key: &[u8], end: &RangeEnd, revision: i64) -> Result<i64> {
+        let stmt = (self.0.sql().count)(key, end, revision);
+        match self.0.fetch(stmt).await?.first() {
+            Some(row) => row.int(0),
+            None => Ok(0),
+        }
+    }
+
+    async fn latest(&mut self, key: &[u8]) -> Result<Option<LogRow>> {
+        let stmt = Stmt::new(&*self.0.sql().latest).bytes(key);
+        Ok(self.rows(stmt).await?.pop())
+    }
+
+    async fn heads(&mut self) -> Result<Vec<LogRow>> {
+        let stmt = Stmt::new(&*self.0.sql().heads);
+        self.rows(stmt).await
+    }
+
+    async fn values_at(&mut self, rows: &[(&[u8], i64)]) -> Result<Vec<Option<Vec<u8>>>> {
+        let mut values = vec![None; rows.len()];
+        for stmt in (self.0.sql().values_at)(rows) {
+            for row in self.0.fetch(stmt).await? {
+                let value = row.bytes(1)?;
+                if let Some(slot) = usize::try_from(row.int(0)?)
+                    .ok()
+                    .and_then(|i| values.get_mut(i))
+                {
+                    *slot = Some(value);
+                }
+            }
+        }
+        Ok(values)
+    }
+
+    async fn changes(&mut self, after: i64, through: i64) -> Result<Vec<LogRow>> {
+        let stmt = Stmt::new(&*self.0.sql().changes).int(after).int(through);
+        self.rows(stmt).await
+    }
+
+    async fn lease(&mut self, id: i64) -> Result<Option<LeaseRow>> {
+        let stmt = Stmt::new(&*self.0.sql().lease).int(id);
+        Ok(self.leases_of(stmt).await?.pop())
+    }
+
+    async fn leases(&mut self) -> Result<Vec<LeaseRow>> {
+        let stmt = Stmt::new(&*self.0.sql().leases);
+        self.leases_of(stmt).await
+    }
+
+    async fn lease_keys(&mut self, id: i64, revision: i64) -> Result<Vec<LogRow>> {
+        let stmt = Stmt::new(&*self.0.sql().lease_keys)
+            .int(id)
+            .int(revision)
+            .int(revision);
+        self.rows(stmt).await
+    }
+
+    async fn expired_leases(&mut self, now: i64, limit: i64) -> Result<Vec<LeaseRow>> {
+        let stmt = Stmt::new(&*self.0.sql().expired_leases).int(now).int(limit);
+        self.leases_of(stmt).await
+    }
+
+    async fn next_expiry(&mut self) -> Result<Option<i64>> {
+        let rows = self.0.fetch(Stmt::new(&*self.0.sql().next_expiry)).await?;
+        match rows.first() {
+            Some(row) => row.opt_int(0),
+            None => Ok(None),
+        }
+    }
+}
+
+#[async_trait]
+impl<S: Session> WriteTxn for SqlTxn<S> {
+    async fn insert_rows(&mut self, rows: &[LogRow]) -> Result<()> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        for stmt in (self.0.sql().insert_rows)(rows) {
+            self.0.queue(stmt).await?;
+        }
+        Ok(())
+    }
+
+    async fn set_current_revision(&mut self, revision: i64) -> Result<()> {
+        let stmt = self.queue_meta("current_revision", revision);
+        self.0.queue(stmt).await?;
+        if let Some(notify) = &self.0.sql().notify {
+            // Delivered at commit, to every process listening (this one included).
+            let stmt = Stmt::new(&**notify).text(revision.to_string());
+            self.0.queue(stmt).await?;
+        }
+        Ok(())
+    }
+
+    async fn set_compact_revision(&mut self, revision: i64) -> Result<()> {
+        let stmt = self.queue_meta("compact_revision", revision);
+        self.0.queue(stmt).await
+    }
+
+    async fn insert_lease(&mut self, lease: &LeaseRow) -> Result<bool> {
+        let stmt = Stmt::new(&*self.0.sql().insert_lease)
+            .int(lease.id)
+            .int(lease.ttl)
+            .int(lease.expires_at);
+        self.changed_one(stmt).await
+    }
+
+    async fn set_lease_expiry(&mut self, id: i64, expires_at: i64) -> Result<bool> {
+        let stmt = Stmt::new(&*self.0.sql().set_lease_expiry)
+            .int(expires_at)
+            .int(id);
+        self.changed_one(stmt).await
+    }
+
+    async fn delete_lease(&mut self, id: i64) -> Result<bool> {
+        let stmt = Stmt::new(&*self.0.sql().delete_lease).int(id);
+        self.changed_one(stmt).await
+    }
+
+    async fn savepoint(&mut self) -> Result<()> {
+        let stmt = Stmt::new(&*self.0.sql().savepoint);
+        self.0.queue(stmt).await
+    }
+
+    async fn release_savepoint(&mut self) -> Result<()> {
+        let stmt = Stmt::new(&*self.0.sql().release_savepoint);
+        self.0.queue(stmt).await
+    }
+
+    async fn rollback_to_savepoint(&mut self) -> Result<()> {
+        // ROLLBACK TO keeps the savepoint open; release it so the next request starts clean.
+        let sql = self.0.sql();
+        self.0.queue(Stmt::new(&*sql.rollback_to_savepoint)).await?;
+        self.0.queue(Stmt::new(&*sql.release_savepoint)).await
+    }
+
+    async fn commit(self: Box<Self>) -> Result<()> {
+        self.0.commit().await
+    }
+}

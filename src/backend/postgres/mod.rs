@@ -1,0 +1,379 @@
+//! The PostgreSQL backend: one database shared by any number of etcdsql processes.
+//!
+//! # One writer at a time, cluster-wide
+//! Every write transaction (and every compaction chunk) first takes one transaction-scoped
+//! advisory lock ([`WRITER_LOCK`]). So, across all processes, write transactions run one after
+//! another: each reads the current revision after the previous one committed, allocates the next
+//! revisions, and commits before the next writer may start. Revisions therefore become visible
+//! in order, with no gap and no transaction committing "out of order" — the failure that makes
+//! kine skip or stall events cannot happen here. Each process still groups its own requests into
+//! one transaction per batch, so the lock is taken once per batch, not per request.
+//!
+//! # Reads
+//! Read transactions are `REPEATABLE READ READ ONLY`: one snapshot for the revisions and the
+//! rows they return. A read that starts after a write was acknowledged by any process sees it.
+//!
+//! # Wake-ups
+//! A write transaction that moves the current revision also sends `NOTIFY` on
+//! [`COMMIT_CHANNEL`]; PostgreSQL delivers it at commit. Each process listens, so its watch hub
+//! wakes within milliseconds of another process's commit; polling stays as the fallback.
+
+mod sql;
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use sqlx::pool::PoolConnection;
+use sqlx::postgres::{PgArguments, PgConnectOptions, PgListener, PgPool, PgPoolOptions, PgRow};
+use sqlx::{Arguments, ConnectOptions, PgConnection, Transaction};
+use tokio::sync::watch;
+
+use sql::COMMIT_CHANNEL;
+pub use sql::{count_query, scan_query};
+
+use super::core::{Arg, Connector, Session, Sql, Stmt, bind_scalar};
+use super::{DbSize, PoolOptions, Result};
+
+static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/postgres");
+
+/// The advisory lock key every writer takes ("etcdsql" in ASCII, as a number).
+const WRITER_LOCK: i64 = 0x65_7463_6473_716c;
+
+pub struct Postgres {
+    pool: PgPool,
+    commits: watch::Receiver<i64>,
+    /// Stops the LISTEN task when the backend closes.
+    listener: tokio::task::JoinHandle<()>,
+}
+
+impl Postgres {
+    /// Connects (creating the database if it is missing and the user may), migrates, and starts
+    /// listening for other processes' commits.
+    ///
+    /// # Errors
+    /// A malformed URL, an unreachable server, or a failed migration.
+    pub async fn open(url: &str, pool: &PoolOptions) -> Result<Self> {
+        // Plan every statement for its own parameters. A cached generic plan cannot tell a read
+        // at the current revision (a handful of rows replaced since) from one at the first
+        // revision (all of them), and picks a scan of every version in the key range: seconds
+        // instead of milliseconds at a million keys. Planning costs a fraction of a millisecond.
+        let options =
+            PgConnectOptions::from_str(url)?.options([("plan_cache_mode", "force_custom_plan")]);
+        create_database_if_missing(&options).await?;
+        let pool = PgPoolOptions::new()
+            .max_connections(pool.max_connections)
+            .idle_timeout(Some(pool.idle_timeout))
+            .acquire_timeout(pool.connect_timeout)
+            .after_connect(|_, _| {
+                Box::pin(async {
+                    disable_nagle();
+                    Ok(())
+                })
+            })
+            .connect_with(options)
+            .await?;
+        // Concurrent first starts would race on the migration table; the writer lock orders them.
+        {
+            let mut conn = pool.acquire().await?;
+            sqlx::query("SELECT pg_advisory_lock($1)")
+                .bind(WRITER_LOCK)
+                .execute(&mut *conn)
+                .await?;
+            let migrated = MIGRATOR.run(&mut *conn).await;
+            sqlx::query("SELECT pg_advisory_unlock($1)")
+                .bind(WRITER_LOCK)
+                .execute(&mut *conn)
+                .await?;
+            migrated?;
+        }
+        let cluster_id = (rand::random::<u64>() >> 1).max(1) as i64;
+        sqlx::query(&*sql::SQL.insert_cluster_id)
+            .bind(cluster_id)
+            .execute(&pool)
+            .await?;
+        let (tx, commits) = watch::channel(0);
+        let listening = listen(&pool).await?;
+        let listener = tokio::spawn(listen_for_commits(pool.clone(), tx, listening));
+        Ok(Self {
+            pool,
+            commits,
+            listener,
+        })
+    }
+}
+
+/// Turns off Nagle's algorithm on every TCP socket of this process.
+///
+/// sqlx 0.9.0 opens its TCP connections without `TCP_NODELAY` (sqlx issue #4335, fixed after
+/// that release). A statement larger than one TCP segment — a batch insert, or one value over
+/// about 1.4 kB on a real network — then waits for the server's delayed ACK: 40 ms on Linux, per
+/// statement. sqlx offers no hook to the socket it made, so this runs after each new connection
+/// and sets the option on the process's TCP sockets, which it found through `/proc/self/fd`. The
+/// option is right for all of them (gRPC and HTTP serving latency-bound requests); non-TCP
+/// sockets refuse it, harmlessly.
+fn disable_nagle() {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::fd::BorrowedFd;
+        let Ok(entries) = std::fs::read_dir("/proc/self/fd") else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let is_socket = std::fs::read_link(entry.path())
+                .is_ok_and(|target| target.to_string_lossy().starts_with("socket:"));
+            let fd = entry
+                .file_name()
+                .to_str()
+                .and_then(|n| n.parse::<i32>().ok());
+            if let (true, Some(fd)) = (is_socket, fd) {
+                // SAFETY: the descriptor was open a moment ago. If another thread closes it
+                // first, setsockopt fails with EBADF, or sets TCP_NODELAY on whatever socket
+                // reused the number: harmless either way, and nothing is read or written.
+                let socket = unsafe { BorrowedFd::borrow_raw(fd) };
+                let _ = socket2::SockRef::from(&socket).set_tcp_nodelay(true);
+            }
+        }
+    }
+}
+
+/// Connects to the server's `postgres` database and creates the target database if needed.
+async fn create_database_if_missing(options: &PgConnectOptions) -> Result<()> {
+    let Some(name) = options.get_database().map(str::to_owned) else {
+        return Ok(());
+    };
+    let mut admin = match options.clone().database("postgres").connect().await {
+        Ok(conn) => conn,
+        // No access to the maintenance database: assume the target exists; connecting to it
+        // reports the real problem if not.
+        Err(_) => return Ok(()),
+    };
+    let exists: Option<i32> = sqlx::query_scalar("SELECT 1 FROM pg_database WHERE datname = $1")
+        .bind(&name)
+        .fetch_optional(&mut admin)
+        .await?;
+    if exists.is_none() {
+        let quoted = format!("\"{}\"", name.replace('"', "\"\""));
+        let create = format!("CREATE DATABASE {quoted}");
+        match sqlx::query(sqlx::AssertSqlSafe(create))
+            .execute(&mut admin)
+            .await
+        {
+            Ok(_) => tracing::info!(database = %name, "created the database"),
+            // Another process created it first.
+            Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("42P04") => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
+/// A connection listening on the commit channel.
+async fn listen(pool: &PgPool) -> std::result::Result<PgListener, sqlx::Error> {
+    let mut listener = PgListener::connect_with(pool).await?;
+    listener.listen(COMMIT_CHANNEL).await?;
+    Ok(listener)
+}
+
+/// Follows NOTIFYs on the commit channel, starting with `listener` (already listening, so no
+/// commit after the backend opened is missed); reconnects after outages. After a reconnection it
+/// reports the current revision, since NOTIFYs sent while it was away are lost: the watch hub
+/// then reads whatever it missed rather than waiting for its next poll.
+async fn listen_for_commits(pool: PgPool, commits: watch::Sender<i64>, listener: PgListener) {
+    let mut ready = Some(listener);
+    loop {
+        let listening = async {
+            let mut listener = match ready.take() {
+                Some(listener) => listener,
+                None => {
+                    let listener = listen(&pool).await?;
+                    let current: i64 = sqlx::query_scalar(
+                        "SELECT value FROM meta WHERE name = 'current_revision'",
+                    )
+                    .fetch_one(&pool)
+                    .await?;
+                    commits.send_if_modified(|seen| {
+                        let newer = current > *seen;
+                        *seen = (*seen).max(current);
+                        newer
+                    });
+                    listener
+                }
+            };
+            // `try_recv` rather than `recv`: `recv` reconnects silently, losing the NOTIFYs sent
+            // meanwhile; `None` says the connection is gone, so the catch-up above runs.
+            while let Some(note) = listener.try_recv().await? {
+                if let Ok(revision) = note.payload().parse::<i64>() {
+                    commits.send_if_modified(|seen| {
+                        let newer = revision > *seen;
+                        *seen = (*seen).max(revision);
+                        newer
+                    });
+                }
+            }
+            Ok::<(), sqlx::Error>(())
+        };
+        match listening.await {
+            Ok(()) => tracing::debug!("commit listener lost its connection; reconnecting"),
+            Err(e) => tracing::debug!(error = %e, "commit listener failed; reconnecting"),
+        }
+        if commits.is_closed() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// "The row of each key in a range that is visible at revision `$rev`, if it is live": still
+/// the key's newest row (the `kv_log_live` index), or replaced after `$rev` (the
+/// `kv_log_superseded` index); see the SQLite backend. PostgreSQL wants every parameter used, so
+/// each range shape numbers its own: `$1` is the start key, then the end key if there is one,
+
+#[async_trait]
+impl Connector for Postgres {
+    type Session = PgSession;
+
+    async fn read(&self) -> Result<PgSession> {
+        let tx = self
+            .pool
+            .begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            .await?;
+        Ok(PgSession::Tx(tx))
+    }
+
+    /// Statements outside a transaction: each sees every commit made before it began.
+    async fn read_unpinned(&self) -> Result<PgSession> {
+        Ok(PgSession::Single(self.pool.acquire().await?))
+    }
+
+    async fn write(&self) -> Result<PgSession> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query("SELECT pg_advisory_xact_lock($1)")
+            .bind(WRITER_LOCK)
+            .execute(&mut *tx)
+            .await?;
+        Ok(PgSession::Tx(tx))
+    }
+
+    async fn size(&self) -> Result<DbSize> {
+        let total: i64 = sqlx::query_scalar("SELECT pg_database_size(current_database())")
+            .fetch_one(&self.pool)
+            .await?;
+        // Live tuples' share of the relations, a PostgreSQL stand-in for "in use".
+        let in_use: Option<i64> = sqlx::query_scalar(
+            "SELECT SUM(pg_total_relation_size(c.oid) * \
+                    CASE WHEN s.n_live_tup + s.n_dead_tup = 0 THEN 1.0 \
+                         ELSE s.n_live_tup::float8 / (s.n_live_tup + s.n_dead_tup) END)::bigint \
+             FROM pg_class c JOIN pg_stat_user_tables s ON s.relid = c.oid",
+        )
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(DbSize {
+            total,
+            in_use: in_use.unwrap_or(total).min(total),
+        })
+    }
+
+    async fn defragment(&self) -> Result<()> {
+        // A plain VACUUM marks dead rows' space for reuse and takes no lock that blocks reads
+        // or writes; VACUUM FULL would return it to the system but lock the table throughout.
+        sqlx::query("VACUUM (ANALYZE) kv_log, leases, meta")
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    async fn backup(&self, dest: &std::path::Path) -> Result<()> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            .execute(&mut *tx)
+            .await?;
+        super::backup::postgres_to_file(&mut tx, dest).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn restore(&self, source: &std::path::Path) -> Result<()> {
+        let PgSession::Tx(mut tx) = self.write().await? else {
+            unreachable!("a write session is a transaction");
+        };
+        super::backup::file_to_postgres(source, &mut tx).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    fn commit_notifications(&self) -> Option<watch::Receiver<i64>> {
+        Some(self.commits.clone())
+    }
+
+    async fn close(&self) {
+        self.listener.abort();
+        self.pool.close().await;
+    }
+}
+
+/// A transaction, or a pooled connection running single statements.
+pub enum PgSession {
+    Tx(Transaction<'static, sqlx::Postgres>),
+    Single(PoolConnection<sqlx::Postgres>),
+}
+
+impl PgSession {
+    fn conn(&mut self) -> &mut PgConnection {
+        match self {
+            PgSession::Tx(tx) => tx,
+            PgSession::Single(conn) => conn,
+        }
+    }
+}
+
+/// Binds PostgreSQL's arrays here and every scalar as all dialects do.
+fn bound(
+    stmt: Stmt<'_>,
+) -> Result<(
+    sqlx::AssertSqlSafe<std::borrow::Cow<'static, str>>,
+    PgArguments,
+)> {
+    let mut args = PgArguments::default();
+    for arg in stmt.args {
+        let added = match arg {
+            Arg::Ints(v) => args.add(v),
+            Arg::Bools(v) => args.add(v),
+            Arg::Blobs(v) => args.add(v),
+            Arg::OptBlobs(v) => args.add(v),
+            scalar => {
+                bind_scalar(&mut args, scalar)?;
+                Ok(())
+            }
+        };
+        added.map_err(sqlx::Error::Encode)?;
+    }
+    Ok((sqlx::AssertSqlSafe(stmt.sql), args))
+}
+
+#[async_trait]
+impl Session for PgSession {
+    type Row = PgRow;
+
+    fn sql(&self) -> &'static Sql {
+        &sql::SQL
+    }
+
+    async fn fetch(&mut self, stmt: Stmt<'_>) -> Result<Vec<PgRow>> {
+        let (sql, args) = bound(stmt)?;
+        Ok(sqlx::query_with(sql, args).fetch_all(self.conn()).await?)
+    }
+
+    async fn execute(&mut self, stmt: Stmt<'_>) -> Result<u64> {
+        let (sql, args) = bound(stmt)?;
+        let done = sqlx::query_with(sql, args).execute(self.conn()).await?;
+        Ok(done.rows_affected())
+    }
+
+    async fn commit(self) -> Result<()> {
+        if let PgSession::Tx(tx) = self {
+            tx.commit().await?;
+        }
+        Ok(())
+    }
+}

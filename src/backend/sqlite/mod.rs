@@ -1,0 +1,520 @@
+//! The SQLite backend: one database file in WAL mode.
+//!
+//! Writers share exactly one connection, behind a mutex, so "one write transaction at a time"
+//! holds inside this process without relying on SQLite's busy handler; readers use their own
+//! read-only connections and, thanks to WAL, never block the writer or wait for it.
+//!
+//! Durability: the writer's connection runs with `synchronous=NORMAL`, so its COMMIT appends the
+//! transaction to the WAL without waiting for the disk, and [`Backend::sync`] then fsyncs the WAL
+//! file, which makes every commit before it survive power loss. The MVCC layer acknowledges a
+//! batch only after such a sync, and meanwhile runs the next batch: the disk's latency overlaps
+//! the next batch's work instead of adding to it. (With `synchronous=FULL` the fsync would happen
+//! inside COMMIT, with the writer connection idle.) A crash before the sync loses only
+//! unacknowledged commits, and SQLite's WAL recovery drops a torn tail by its checksums.
+//! Checkpoints keep their own order safe: they fsync the WAL before copying from it and the
+//! database file after.
+//!
+//! Checkpoints (copying the WAL back into the database file, and fsyncing it) run on their own
+//! connection in the background, never inside a commit: SQLite's automatic checkpoint would make
+//! whichever write crossed the threshold wait for a whole checkpoint, the slowest step on a large
+//! database. A passive checkpoint never blocks the writer or readers; the WAL is reused from its
+//! start once a checkpoint has caught up.
+//!
+//! One etcdsql process owns the file: a second process writing the same file would be serialised
+//! by SQLite but its commits would not wake this process's watchers. Use PostgreSQL for several.
+
+mod sql;
+
+use std::path::Path;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use sqlx::Connection;
+use sqlx::sqlite::{
+    SqliteArguments, SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool,
+    SqlitePoolOptions, SqliteRow, SqliteSynchronous,
+};
+use tokio::sync::{Mutex, OwnedMappedMutexGuard, OwnedMutexGuard, OwnedSemaphorePermit, Semaphore};
+
+pub use sql::{count_query, scan_query};
+
+use super::core::{Arg, Connector, Session, Sql, Stmt, bind_scalar};
+use super::{DbSize, Error, Result};
+
+pub(super) static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
+
+pub struct Sqlite {
+    /// The single writer's connection (write batches and compaction chunks take turns on it).
+    /// Held outside a pool because a pool hands it back through a spawned task that pings it,
+    /// a round trip to sqlx's worker thread: about a millisecond per batch under load, with
+    /// the writer idle meanwhile. `None` once closed.
+    writer: Arc<Mutex<Option<WriterConn>>>,
+    readers: Arc<Readers>,
+    /// The background checkpoints' own connection, and their task (stopped on close).
+    checkpointer: SqlitePool,
+    checkpoints: tokio::task::JoinHandle<()>,
+    /// The WAL file, for [`Backend::sync`]: fsync makes the file durable whichever descriptor
+    /// wrote it. SQLite keeps the file (never deleting or replacing it) while connections are
+    /// open, and this backend keeps its connections open until it closes.
+    wal: Arc<std::fs::File>,
+}
+
+/// How often the background task checkpoints the WAL.
+const CHECKPOINT_INTERVAL: Duration = Duration::from_millis(100);
+
+/// Checkpoints the WAL every [`CHECKPOINT_INTERVAL`] until aborted.
+async fn run_checkpoints(pool: SqlitePool) {
+    loop {
+        tokio::time::sleep(CHECKPOINT_INTERVAL).await;
+        if let Err(e) = sqlx::query("PRAGMA wal_checkpoint(PASSIVE)")
+            .execute(&pool)
+            .await
+        {
+            tracing::warn!(error = %e, "WAL checkpoint failed; retrying");
+        }
+    }
+}
+
+struct WriterConn {
+    conn: SqliteConnection,
+    /// A write transaction was opened and not committed (dropped, or its COMMIT failed): it
+    /// must be rolled back before the next one begins.
+    open: bool,
+}
+
+/// The read-only connections, kept here rather than in an sqlx pool for the reason the writer's
+/// is: a pool pings a connection when it hands it out and again when it takes it back, two round
+/// trips to the connection's worker thread that cost more than a point read itself.
+struct Readers {
+    idle: std::sync::Mutex<Vec<ReaderConn>>,
+    /// One permit per connection that may exist; closed when the backend closes.
+    permits: Arc<Semaphore>,
+    options: SqliteConnectOptions,
+}
+
+struct ReaderConn {
+    conn: SqliteConnection,
+    /// A read transaction was begun on it and not yet rolled back.
+    open: bool,
+}
+
+/// A reader connection on loan; it goes back to the idle list when dropped, after its read
+/// transaction (if any) is rolled back: an idle connection must not pin an old snapshot, which
+/// would keep checkpoints from recycling the WAL.
+struct ReaderLoan {
+    conn: Option<ReaderConn>,
+    readers: Arc<Readers>,
+    permit: Option<OwnedSemaphorePermit>,
+}
+
+impl Readers {
+    fn idle(&self) -> std::sync::MutexGuard<'_, Vec<ReaderConn>> {
+        // The list is only pushed to and popped from: a panic elsewhere cannot leave it torn.
+        self.idle
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// An idle connection, or a new one while fewer than the limit exist.
+    async fn loan(self: &Arc<Self>) -> Result<ReaderLoan> {
+        let permit = self
+            .permits
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| sqlx::Error::PoolClosed)?;
+        let idle = self.idle().pop();
+        let conn = match idle {
+            Some(conn) => conn,
+            None => ReaderConn {
+                conn: SqliteConnection::connect_with(&self.options).await?,
+                open: false,
+            },
+        };
+        Ok(ReaderLoan {
+            conn: Some(conn),
+            readers: self.clone(),
+            permit: Some(permit),
+        })
+    }
+
+    async fn close(&self) {
+        self.permits.close();
+        let idle = std::mem::take(&mut *self.idle());
+        for reader in idle {
+            let _ = reader.conn.close().await;
+        }
+    }
+}
+
+impl ReaderLoan {
+    fn conn(&mut self) -> &mut ReaderConn {
+        self.conn
+            .as_mut()
+            .expect("a loan holds its connection until dropped")
+    }
+}
+
+impl Drop for ReaderLoan {
+    fn drop(&mut self) {
+        let (Some(mut reader), Some(permit)) = (self.conn.take(), self.permit.take()) else {
+            return;
+        };
+        if self.readers.permits.is_closed() {
+            return;
+        }
+        if !reader.open {
+            self.readers.idle().push(reader);
+            return;
+        }
+        // The rollback is a round trip to the connection's worker thread: off the reader's path.
+        // Without a runtime (shutting down) the connection is just closed.
+        let readers = self.readers.clone();
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                if sqlx::query("ROLLBACK")
+                    .execute(&mut reader.conn)
+                    .await
+                    .is_ok()
+                {
+                    reader.open = false;
+                    readers.idle().push(reader);
+                }
+                drop(permit);
+            });
+        }
+    }
+}
+
+impl Sqlite {
+    /// Opens (creating if needed) the database file at `path` and migrates it.
+    ///
+    /// # Errors
+    /// The folder cannot be created, the file cannot be opened, or a migration fails.
+    pub async fn open(path: &str) -> Result<Self> {
+        if let Some(dir) = Path::new(path)
+            .parent()
+            .filter(|d| !d.as_os_str().is_empty())
+        {
+            std::fs::create_dir_all(dir).map_err(|source| Error::CreateDir {
+                path: dir.display().to_string(),
+                source,
+            })?;
+        }
+        let base = SqliteConnectOptions::from_str(&format!("sqlite://{path}"))?
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Full)
+            .busy_timeout(Duration::from_secs(10))
+            .pragma("cache_size", "-32768")
+            .pragma("temp_store", "memory");
+        let mut writer = SqliteConnection::connect_with(
+            &base
+                .clone()
+                .synchronous(SqliteSynchronous::Normal)
+                .pragma("wal_autocheckpoint", "0"),
+        )
+        .await?;
+        MIGRATOR.run(&mut writer).await?;
+        let cluster_id = rand::random::<u64>() >> 1 | 1;
+        sqlx::query(&*sql::SQL.insert_cluster_id)
+            .bind(cluster_id as i64)
+            .execute(&mut writer)
+            .await?;
+        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+        let readers = Arc::new(Readers {
+            idle: std::sync::Mutex::new(Vec::new()),
+            permits: Arc::new(Semaphore::new((cores * 2).max(4))),
+            options: base.clone().read_only(true),
+        });
+        let checkpointer = SqlitePoolOptions::new()
+            .max_connections(1)
+            .connect_with(base.pragma("wal_autocheckpoint", "0"))
+            .await?;
+        // SQLite created the WAL file when the writer switched the database to WAL mode; it
+        // names the database file as it resolved it.
+        let file: String =
+            sqlx::query_scalar("SELECT file FROM pragma_database_list WHERE name = 'main'")
+                .fetch_one(&mut writer)
+                .await?;
+        let wal_path = format!("{file}-wal");
+        let wal = std::fs::File::open(&wal_path).map_err(|source| Error::OpenWal {
+            path: wal_path,
+            source,
+        })?;
+        let checkpoints = tokio::spawn(run_checkpoints(checkpointer.clone()));
+        Ok(Self {
+            writer: Arc::new(Mutex::new(Some(WriterConn {
+                conn: writer,
+                open: false,
+            }))),
+            readers,
+            checkpointer,
+            checkpoints,
+            wal: Arc::new(wal),
+        })
+    }
+
+    /// The writer's connection, any transaction it left open rolled back. Holding it keeps
+    /// every other write waiting.
+    async fn idle_writer(&self) -> Result<OwnedMappedMutexGuard<Option<WriterConn>, WriterConn>> {
+        let writer = self.writer.clone().lock_owned().await;
+        let Ok(mut conn) = OwnedMutexGuard::try_map(writer, Option::as_mut) else {
+            return Err(sqlx::Error::PoolClosed.into());
+        };
+        if conn.open {
+            // Fails only if SQLite already ended that transaction itself; if the connection is
+            // broken, the next statement says so.
+            let _ = sqlx::query("ROLLBACK").execute(&mut conn.conn).await;
+            conn.open = false;
+        }
+        Ok(conn)
+    }
+
+    /// Waits for the writer connection and opens a write transaction on it.
+    async fn begin_write(&self) -> Result<SqliteTxn> {
+        let mut conn = self.idle_writer().await?;
+        // IMMEDIATE takes SQLite's write lock at the start rather than at the first write, so
+        // the current revision read at the start cannot be overtaken by another writer. It is
+        // sent with the first statement; `open` from now on, as that may fail halfway.
+        let mut pending = Pending::default();
+        pending.push("BEGIN IMMEDIATE", Vec::new())?;
+        conn.open = true;
+        Ok(SqliteTxn {
+            conn: Conn::Write(conn),
+            pending,
+        })
+    }
+}
+
+#[async_trait]
+impl Connector for Sqlite {
+    type Session = SqliteTxn;
+
+    async fn read(&self) -> Result<SqliteTxn> {
+        let mut loan = self.readers.loan().await?;
+        let reader = loan.conn();
+        // Marked open first: if this future is dropped during BEGIN, the rollback still runs.
+        reader.open = true;
+        sqlx::query("BEGIN").execute(&mut reader.conn).await?;
+        Ok(SqliteTxn::read(loan))
+    }
+
+    /// Every statement runs on its own (autocommit), seeing the newest commit when it starts.
+    async fn read_unpinned(&self) -> Result<SqliteTxn> {
+        Ok(SqliteTxn::read(self.readers.loan().await?))
+    }
+
+    async fn write(&self) -> Result<SqliteTxn> {
+        self.begin_write().await
+    }
+
+    fn sole_writer(&self) -> bool {
+        true
+    }
+
+    async fn sync(&self) -> Result<()> {
+        let wal = self.wal.clone();
+        tokio::task::spawn_blocking(move || wal.sync_data())
+            .await
+            .map_err(|e| Error::Sync(std::io::Error::other(e)))?
+            .map_err(Error::Sync)
+    }
+
+    async fn size(&self) -> Result<DbSize> {
+        let mut loan = self.readers.loan().await?;
+        let conn = &mut loan.conn().conn;
+        let page_size: i64 = sqlx::query_scalar("PRAGMA page_size")
+            .fetch_one(&mut *conn)
+            .await?;
+        let pages: i64 = sqlx::query_scalar("PRAGMA page_count")
+            .fetch_one(&mut *conn)
+            .await?;
+        let free: i64 = sqlx::query_scalar("PRAGMA freelist_count")
+            .fetch_one(&mut *conn)
+            .await?;
+        Ok(DbSize {
+            total: pages * page_size,
+            in_use: (pages - free) * page_size,
+        })
+    }
+
+    async fn defragment(&self) -> Result<()> {
+        // On the writer's connection, holding its lock: writes wait for the lock rather than
+        // for SQLite's busy timeout, which a large file's rebuild could outlast. Readers go on
+        // from the WAL meanwhile.
+        let mut conn = self.idle_writer().await?;
+        sqlx::query("VACUUM").execute(&mut conn.conn).await?;
+        // The rebuilt file went through the WAL: copy it back and empty the WAL now rather
+        // than leave a WAL the size of the database behind.
+        sqlx::query("PRAGMA wal_checkpoint(TRUNCATE)")
+            .execute(&mut conn.conn)
+            .await?;
+        Ok(())
+    }
+
+    async fn backup(&self, dest: &Path) -> Result<()> {
+        // One read snapshot, written as a compact new database; writes go on meanwhile.
+        let mut loan = self.readers.loan().await?;
+        sqlx::query("VACUUM INTO $1")
+            .bind(dest.display().to_string())
+            .execute(&mut loan.conn().conn)
+            .await?;
+        Ok(())
+    }
+
+    async fn restore(&self, source: &Path) -> Result<()> {
+        let mut conn = self.idle_writer().await?;
+        let mut tx = conn.conn.begin().await?;
+        super::backup::file_to_sqlite(source, &mut tx).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn close(&self) {
+        self.checkpoints.abort();
+        self.checkpointer.close().await;
+        self.readers.close().await;
+        // Waits for the batch at hand; a transaction left open is rolled back by closing.
+        if let Some(writer) = self.writer.lock().await.take() {
+            let _ = writer.conn.close().await;
+        }
+    }
+}
+
+/// A read transaction, or the write transaction.
+///
+/// The write transaction sends what it can in as few round trips as possible: each statement is
+/// a trip to the connection's worker thread, and under load each trip waits for that thread to
+/// be scheduled, which costs more than SQLite's own work. So its BEGIN and every queued
+/// statement (inserts, meta updates, savepoints) wait in `pending` and go with the next
+/// statement that must answer, or with the COMMIT: a batch of creates is then one trip, a batch
+/// of updates two.
+pub struct SqliteTxn {
+    conn: Conn,
+    pending: Pending,
+}
+
+#[derive(Default)]
+struct Pending {
+    sql: String,
+    args: SqliteArguments,
+}
+
+impl Pending {
+    fn push(&mut self, sql: &str, args: Vec<Arg<'_>>) -> Result<()> {
+        self.sql.push_str(sql);
+        self.sql.push_str(";\n");
+        for arg in args {
+            bind_scalar(&mut self.args, arg)?;
+        }
+        Ok(())
+    }
+}
+
+/// Whether `sql` names its parameters by number (`?1`): then it cannot follow other statements
+/// in one trip, whose anonymous parameters would shift its numbers.
+fn numbered_parameters(sql: &str) -> bool {
+    sql.as_bytes()
+        .windows(2)
+        .any(|w| w[0] == b'?' && w[1].is_ascii_digit())
+}
+
+enum Conn {
+    Read(ReaderLoan),
+    Write(OwnedMappedMutexGuard<Option<WriterConn>, WriterConn>),
+}
+
+impl SqliteTxn {
+    fn read(loan: ReaderLoan) -> Self {
+        SqliteTxn {
+            conn: Conn::Read(loan),
+            pending: Pending::default(),
+        }
+    }
+
+    fn conn(&mut self) -> &mut SqliteConnection {
+        match &mut self.conn {
+            Conn::Read(loan) => &mut loan.conn().conn,
+            Conn::Write(writer) => &mut writer.conn,
+        }
+    }
+
+    /// Sends the statements waiting in `pending`.
+    async fn send_pending(&mut self) -> Result<()> {
+        if self.pending.sql.is_empty() {
+            return Ok(());
+        }
+        let Pending { sql, args } = std::mem::take(&mut self.pending);
+        sqlx::query_with(sqlx::AssertSqlSafe(sql), args)
+            .execute(self.conn())
+            .await?;
+        Ok(())
+    }
+}
+
+/// A statement's text and its arguments, bound. Text borrowed from a static [`Sql`] stays
+/// static, so the connection prepares it once and caches it.
+fn bound(
+    stmt: Stmt<'_>,
+) -> Result<(
+    sqlx::AssertSqlSafe<std::borrow::Cow<'static, str>>,
+    SqliteArguments,
+)> {
+    let mut args = SqliteArguments::default();
+    for arg in stmt.args {
+        bind_scalar(&mut args, arg)?;
+    }
+    Ok((sqlx::AssertSqlSafe(stmt.sql), args))
+}
+
+#[async_trait]
+impl Session for SqliteTxn {
+    type Row = SqliteRow;
+
+    fn sql(&self) -> &'static Sql {
+        &sql::SQL
+    }
+
+    async fn fetch(&mut self, stmt: Stmt<'_>) -> Result<Vec<SqliteRow>> {
+        if !self.pending.sql.is_empty() && !numbered_parameters(&stmt.sql) {
+            // Goes with what is pending (the batch's BEGIN, typically): one trip for all. The
+            // pending statements return no rows.
+            let mut pending = std::mem::take(&mut self.pending);
+            pending.push(&stmt.sql, stmt.args)?;
+            let query = sqlx::query_with(sqlx::AssertSqlSafe(pending.sql), pending.args);
+            return Ok(query.fetch_all(self.conn()).await?);
+        }
+        self.send_pending().await?;
+        let (sql, args) = bound(stmt)?;
+        Ok(sqlx::query_with(sql, args).fetch_all(self.conn()).await?)
+    }
+
+    async fn execute(&mut self, stmt: Stmt<'_>) -> Result<u64> {
+        // Apart from what is pending, so the count is this statement's alone.
+        self.send_pending().await?;
+        let (sql, args) = bound(stmt)?;
+        let done = sqlx::query_with(sql, args).execute(self.conn()).await?;
+        Ok(done.rows_affected())
+    }
+
+    async fn queue(&mut self, stmt: Stmt<'_>) -> Result<()> {
+        self.pending.push(&stmt.sql, stmt.args)
+    }
+
+    /// Commits the write transaction, with whatever is pending, in one trip; a read
+    /// transaction just ends (its loan rolls it back).
+    async fn commit(mut self) -> Result<()> {
+        if matches!(self.conn, Conn::Read(_)) {
+            return Ok(());
+        }
+        self.pending.push("COMMIT", Vec::new())?;
+        self.send_pending().await?;
+        if let Conn::Write(writer) = &mut self.conn {
+            writer.open = false;
+        }
+        Ok(())
+    }
+}
