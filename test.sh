@@ -13,6 +13,7 @@ command -v protoc >/dev/null || need+=(protobuf-compiler) # the etcd-client test
 command -v etcd >/dev/null || need+=(etcd-server)          # the reference server
 command -v etcdctl >/dev/null || need+=(etcd-client)       # drives the conformance scenarios
 command -v psql >/dev/null || need+=(postgresql-client)     # checks and cleans the PostgreSQL server
+command -v mariadb >/dev/null || need+=(mariadb-client)     # checks and cleans the MySQL server
 # Validates docker-compose.yml (this machine has no Docker engine; the v1 client can still parse).
 docker compose version >/dev/null 2>&1 || command -v docker-compose >/dev/null ||
     need+=(docker-compose)
@@ -84,7 +85,7 @@ if psql "$postgres/postgres" -Atqc 'SELECT 1' >/dev/null 2>&1; then
     bounded 2400 cargo test --locked
     # The guarantee checker runs over three instances here.
     contended=(watch_guarantees multi_instance reads lock_election)
-    if [ "$outage" = 1 ]; then contended+=(pg_outage); fi
+    if [ "$outage" = 1 ]; then contended+=(outage); fi
     bash tests/contended.sh "$rounds" "${contended[@]}"
     unset ETCDSQL_TEST_BACKEND ETCDSQL_TEST_OUTAGE ETCDSQL_TEST_POSTGRES
     ETCDSQL_POSTGRES="$postgres" bash conformance/run.sh etcdsql
@@ -98,4 +99,39 @@ elif [ "${ETCDSQL_REQUIRE_POSTGRES:-0}" = 1 ]; then
     exit 1
 else
     echo "skipped: the PostgreSQL tests (no server at $postgres; set ETCDSQL_TEST_POSTGRES)"
+fi
+
+mysql=${ETCDSQL_TEST_MYSQL:-mysql://root@127.0.0.1:3306}
+# shellcheck source=conformance/mysql.sh
+source conformance/mysql.sh
+drop_mysql_test_databases() {
+    mysql_exec "$mysql" "SELECT schema_name FROM information_schema.schemata \
+        WHERE schema_name LIKE 'etcdsql\\_test\\_%' OR schema_name LIKE 'etcdsql\\_conf\\_%'" |
+        while read -r db; do
+            mysql_exec "$mysql" "DROP DATABASE IF EXISTS \`$db\`"
+        done
+}
+if mysql_exec "$mysql" 'SELECT 1' >/dev/null 2>&1; then
+    drop_mysql_test_databases
+    # tests/outage.rs stops and starts the server itself: only a local MariaDB.
+    outage=0
+    if [ -x /usr/sbin/mariadbd ] && command -v mariadb-admin >/dev/null && [[ $mysql == *@127.0.0.1:* ]]; then
+        outage=1
+    fi
+    export ETCDSQL_TEST_BACKEND=mysql ETCDSQL_TEST_OUTAGE=$outage ETCDSQL_TEST_MYSQL="$mysql"
+    bounded 2400 cargo test --locked
+    contended=(watch_guarantees multi_instance reads lock_election)
+    if [ "$outage" = 1 ]; then contended+=(outage); fi
+    bash tests/contended.sh "$rounds" "${contended[@]}"
+    unset ETCDSQL_TEST_BACKEND ETCDSQL_TEST_OUTAGE ETCDSQL_TEST_MYSQL
+    ETCDSQL_MYSQL="$mysql" bash conformance/run.sh etcdsql
+    ETCDSQL_MYSQL="$mysql" bash conformance/kube-apiserver/run.sh mysql
+    ETCDSQL_MYSQL="$mysql" bash conformance/k8s-storage/run.sh mysql
+    ETCDSQL_MYSQL="$mysql" bash conformance/apiextensions/run.sh mysql
+    drop_mysql_test_databases
+elif [ "${ETCDSQL_REQUIRE_MYSQL:-0}" = 1 ]; then
+    echo "MySQL is required (ETCDSQL_REQUIRE_MYSQL=1) but $mysql is unreachable" >&2
+    exit 1
+else
+    echo "skipped: the MySQL tests (no server at $mysql; set ETCDSQL_TEST_MYSQL)"
 fi

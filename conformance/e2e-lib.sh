@@ -4,10 +4,11 @@
 #
 # The script sets before sourcing:
 #   E2E_NAME     the scenario's name in its last line ("NAME: N passed, M failed")
-#   BACKEND      sqlite, postgres or etcd
+#   BACKEND      sqlite, postgres, mysql or etcd
 #   WORK         its temporary folder (kept when anything failed)
-#   ETCDSQL_BIN, ETCD_BIN, ETCDCTL_BIN, PG_SERVER (a PostgreSQL server URL, for postgres)
-#   PG_PREFIX    the prefix of its PostgreSQL databases (one per run: PREFIX<pid>)
+#   ETCDSQL_BIN, ETCD_BIN, ETCDCTL_BIN, PG_SERVER (a PostgreSQL server URL, for postgres),
+#   MY_SERVER (a MySQL server URL, for mysql; conformance/mysql.sh sourced)
+#   PG_PREFIX    the prefix of its databases (one per run: PREFIX<pid>)
 # and gets:
 #   STORE_URL, API_URL (https, on API_PORT), ETCDCTL (an array), start_store, stop_store, the
 #   API server's log in API_LOG, API_PID and BG_PIDS for what it starts (stopped on exit),
@@ -90,8 +91,12 @@ e2e_cleanup() {
     # itself from the `kubernetes` Endpoints through its own closed port for 20 s or more).
     stop_pid "$API_PID" 5 quiet
     stop_pid "$STORE_PID" 20
-    if [ -n "$PG_DB" ]; then
+    if [ -n "$PG_DB" ] && [ "$BACKEND" = postgres ]; then
         psql "$PG_SERVER/postgres" -qc "DROP DATABASE IF EXISTS \"$PG_DB\" WITH (FORCE)" >/dev/null 2>&1 ||
+            echo "$E2E_NAME: could not drop database $PG_DB" >&2
+    fi
+    if [ -n "$PG_DB" ] && [ "$BACKEND" = mysql ]; then
+        mysql_exec "$MY_SERVER" "DROP DATABASE IF EXISTS \`$PG_DB\`" >/dev/null 2>&1 ||
             echo "$E2E_NAME: could not drop database $PG_DB" >&2
     fi
     if [ "$FAILED" -gt 0 ] || [ "$rc" != 0 ]; then
@@ -147,6 +152,16 @@ postgres)
         done
     PG_DB=$PG_PREFIX$$
     ENDPOINT="$PG_SERVER/$PG_DB"
+    ;;
+mysql)
+    # Databases left by runs that were killed (their pid is gone).
+    mysql_exec "$MY_SERVER" "SELECT schema_name FROM information_schema.schemata \
+        WHERE schema_name LIKE '${PG_PREFIX//_/\\_}%'" |
+        while read -r db; do
+            kill -0 "${db##*_}" 2>/dev/null || mysql_exec "$MY_SERVER" "DROP DATABASE IF EXISTS \`$db\`"
+        done
+    PG_DB=$PG_PREFIX$$
+    ENDPOINT="$MY_SERVER/$PG_DB"
     ;;
 esac
 

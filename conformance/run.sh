@@ -38,6 +38,8 @@ usage() {
 
 RECORD=0
 TARGET=""
+# The database server each etcdsql scenario gets a fresh database on (none: a SQLite file).
+DB_SERVER=${ETCDSQL_POSTGRES:-${ETCDSQL_MYSQL:-}}
 case "${1:-}" in
 --record)
     RECORD=1
@@ -165,11 +167,12 @@ start_server() {
         SERVER_PID=$!
     else
         PORT=$(free_ports 1)
-        # With ETCDSQL_POSTGRES (a server URL such as postgres://postgres@127.0.0.1:5432) each
-        # scenario gets a fresh PostgreSQL database, which etcdsql creates.
+        # With ETCDSQL_POSTGRES or ETCDSQL_MYSQL (a server URL such as
+        # postgres://postgres@127.0.0.1:5432) each scenario gets a fresh database on that server,
+        # which etcdsql creates.
         local endpoint="sqlite://$dir/state.db"
-        if [ -n "${ETCDSQL_POSTGRES:-}" ]; then
-            endpoint="$ETCDSQL_POSTGRES/etcdsql_conf_$$_$(basename "$dir")"
+        if [ -n "$DB_SERVER" ]; then
+            endpoint="$DB_SERVER/etcdsql_conf_$$_$(basename "$dir")"
         fi
         "$ETCDSQL_BIN" \
             --listen-client-urls "http://127.0.0.1:$PORT" \
@@ -241,7 +244,7 @@ fi
 if [ "$RECORD" = 1 ]; then
     echo "recording expectations from $("$ETCD_BIN" --version | head -n1), $("$ETCDCTL_BIN" version | head -n1)"
 else
-    echo "target: $TARGET${ETCDSQL_POSTGRES:+ on PostgreSQL}"
+    echo "target: $TARGET${ETCDSQL_POSTGRES:+ on PostgreSQL}${ETCDSQL_MYSQL:+ on MySQL}"
 fi
 
 PASSED=0
@@ -267,9 +270,9 @@ for name in "${SCENARIOS[@]}"; do
         pending=1
     fi
     only_sqlite=$(sed -n 's/^# etcdsql-sqlite-only:[[:space:]]*//p' "$SCEN_DIR/$name.sh")
-    if [ "$TARGET" = etcdsql ] && [ -n "${ETCDSQL_POSTGRES:-}" ] && [ -n "$only_sqlite" ]; then
+    if [ "$TARGET" = etcdsql ] && [ -n "$DB_SERVER" ] && [ -n "$only_sqlite" ]; then
         SKIPPED=$((SKIPPED + 1))
-        echo "SKIP $name: on PostgreSQL: $only_sqlite"
+        echo "SKIP $name: on a database server: $only_sqlite"
         continue
     fi
     sdir="$WORK/$name"

@@ -8,7 +8,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{TestServer, on_postgres, status};
+use common::{TestServer, shared_database, status};
 use etcd_client::{AlarmAction, AlarmType, Client};
 use tonic::Code;
 
@@ -139,8 +139,8 @@ async fn corrupt_refuses_every_write_and_fails_readiness() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_alarm_raised_on_one_instance_reaches_the_others() {
-    if !on_postgres() {
-        eprintln!("skipped: several instances need ETCDSQL_TEST_BACKEND=postgres");
+    if !shared_database() {
+        eprintln!("skipped: several instances need ETCDSQL_TEST_BACKEND=postgres or mysql");
         return;
     }
     let dir = tempfile::tempdir().unwrap();

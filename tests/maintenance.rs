@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{TestServer, on_postgres, status};
+use common::{TestServer, shared_database, status};
 use etcd_client::{Client, DeleteOptions, GetOptions, Txn, TxnOp};
 
 /// HashKV at every revision from 2 to the current one, and at 0 (the current one).
@@ -76,7 +76,7 @@ async fn hashkv_is_the_same_on_every_instance_and_after_a_restart() {
     );
     assert_eq!(compacted.len(), before.len() - (compact_at as usize - 2));
 
-    if on_postgres() {
+    if shared_database() {
         let b = TestServer::start(dir.path()).await;
         let mut cb = b.client().await;
         assert_eq!(hashes(&mut cb).await, compacted);

@@ -8,16 +8,16 @@ mod common;
 
 use std::time::Duration;
 
-use common::{TestServer, on_postgres};
+use common::{TestServer, shared_database};
 use etcd_client::{GetOptions, PutOptions, WatchOptions};
 
 const WAIT: Duration = Duration::from_secs(15);
 
 fn skip() -> bool {
-    if on_postgres() {
+    if shared_database() {
         return false;
     }
-    eprintln!("skipped: several instances need ETCDSQL_TEST_BACKEND=postgres");
+    eprintln!("skipped: several instances need ETCDSQL_TEST_BACKEND=postgres or mysql");
     true
 }
 

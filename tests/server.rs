@@ -6,7 +6,7 @@ mod common;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use common::{TestServer, on_postgres, status, test_endpoint};
+use common::{TestServer, shared_database, status, test_endpoint};
 use etcd_client::{Client, GetOptions};
 use tonic::Code;
 
@@ -323,7 +323,7 @@ async fn sigterm_shuts_down_cleanly() {
     let (mut process, mut c) = spawn_binary(dir.path(), free_port()).await;
     c.put("before-term", "v", None).await.unwrap();
     let wal = dir.path().join("state.db-wal");
-    let sqlite = !on_postgres();
+    let sqlite = !shared_database();
     assert!(!sqlite || wal.exists(), "WAL mode is on while serving");
 
     let pid = process.0.id().to_string();

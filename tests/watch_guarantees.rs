@@ -13,7 +13,7 @@ mod common;
 use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 
-use common::{TestServer, current_revision, on_postgres};
+use common::{TestServer, current_revision, shared_database};
 use etcd_client::{Client, EventType, Txn, TxnOp, WatchOptions, WatchResponse, WatchStream};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -304,9 +304,9 @@ async fn writer(mut c: Client, seed: u64) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_watcher_sees_exactly_the_log() {
     let dir = tempfile::tempdir().unwrap();
-    // On PostgreSQL, three etcdsql processes share the database: writers and watch streams are
+    // On PostgreSQL and MySQL, three etcdsql processes share the database: writers and watch streams are
     // spread over all of them, and each watcher must still see exactly the one log.
-    let instances = if on_postgres() { 3 } else { 1 };
+    let instances = if shared_database() { 3 } else { 1 };
     let mut servers = Vec::new();
     let mut clients = Vec::new();
     for _ in 0..instances {

@@ -27,9 +27,9 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
 BACKEND=${1:-sqlite}
 case "$BACKEND" in
-sqlite | postgres | etcd) ;;
+sqlite | postgres | mysql | etcd) ;;
 *)
-    echo "usage: $0 [sqlite|postgres|etcd]" >&2
+    echo "usage: $0 [sqlite|postgres|mysql|etcd]" >&2
     exit 2
     ;;
 esac
@@ -37,6 +37,7 @@ esac
 ETCDSQL_BIN=${ETCDSQL_BIN:-$REPO/target/debug/etcdsql}
 ETCDCTL_BIN=${ETCDCTL_BIN:-etcdctl}
 PG_SERVER=${ETCDSQL_POSTGRES:-${ETCDSQL_TEST_POSTGRES:-postgres://postgres@127.0.0.1:5432}}
+MY_SERVER=${ETCDSQL_MYSQL:-${ETCDSQL_TEST_MYSQL:-mysql://root@127.0.0.1:3306}}
 COMPACTION_INTERVAL=20 # seconds: the server's --etcd-compaction-interval
 BULK=300               # widgets listed page by page
 CHUNK=40               # kubectl --chunk-size for them: 8 pages
@@ -60,6 +61,13 @@ if [ "$BACKEND" = postgres ]; then
     command -v psql >/dev/null 2>&1 || { echo "run.sh: missing psql (apt-get install postgresql-client)" >&2; exit 2; }
     psql "$PG_SERVER/postgres" -Atqc 'SELECT 1' >/dev/null 2>&1 ||
         { echo "run.sh: no PostgreSQL server answers at $PG_SERVER" >&2; exit 1; }
+fi
+if [ "$BACKEND" = mysql ]; then
+    command -v mariadb >/dev/null 2>&1 || { echo "run.sh: missing mariadb (apt-get install mariadb-client)" >&2; exit 2; }
+    # shellcheck source=../mysql.sh
+    source "$REPO/conformance/mysql.sh"
+    mysql_exec "$MY_SERVER" 'SELECT 1' >/dev/null 2>&1 ||
+        { echo "run.sh: no MySQL server answers at $MY_SERVER" >&2; exit 1; }
 fi
 
 echo "apiextensions-apiserver end-to-end on $BACKEND"

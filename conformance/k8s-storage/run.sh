@@ -6,6 +6,8 @@
 #   conformance/k8s-storage/run.sh sqlite     etcdsql on a fresh SQLite file per test
 #   conformance/k8s-storage/run.sh postgres   etcdsql on a fresh PostgreSQL database per test
 #                                             ($ETCDSQL_POSTGRES, default postgres://postgres@127.0.0.1:5432)
+#   conformance/k8s-storage/run.sh mysql      etcdsql on a fresh MySQL database per test
+#                                             ($ETCDSQL_MYSQL, default mysql://root@127.0.0.1:3306)
 #
 # etcdsql is $ETCDSQL_BIN (default target/debug/etcdsql). Every test must pass; none is skipped
 # here. Prints the package versions, each failing test's output, and a count per server.
@@ -13,7 +15,7 @@ set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
-target=${1:?usage: run.sh etcd|sqlite|postgres}
+target=${1:?usage: run.sh etcd|sqlite|postgres|mysql}
 # The suite takes one to two minutes; the bound is for a server that stops answering.
 limit=${ETCDSQL_SUITE_LIMIT:-900}
 
@@ -27,15 +29,18 @@ case "$target" in
 etcd)
     export ETCDSQL_SUITE_SERVER=etcd ETCDSQL_SUITE_BIN=$built/etcd
     ;;
-sqlite | postgres)
+sqlite | postgres | mysql)
     export ETCDSQL_SUITE_SERVER=etcdsql ETCDSQL_SUITE_BIN=${ETCDSQL_BIN:-$REPO/target/debug/etcdsql}
     [ -x "$ETCDSQL_SUITE_BIN" ] || { echo "run.sh: no etcdsql at $ETCDSQL_SUITE_BIN (cargo build)" >&2; exit 2; }
+    # The harness appends a fresh database's name to this server URL, whatever its scheme.
     if [ "$target" = postgres ]; then
         export ETCDSQL_SUITE_POSTGRES=${ETCDSQL_POSTGRES:-postgres://postgres@127.0.0.1:5432}
+    elif [ "$target" = mysql ]; then
+        export ETCDSQL_SUITE_POSTGRES=${ETCDSQL_MYSQL:-mysql://root@127.0.0.1:3306}
     fi
     ;;
 *)
-    echo "run.sh: unknown target $target (etcd, sqlite or postgres)" >&2
+    echo "run.sh: unknown target $target (etcd, sqlite, postgres or mysql)" >&2
     exit 2
     ;;
 esac

@@ -167,21 +167,36 @@ pub async fn wait_for_key(c: &mut Client, key: &[u8], present: bool, bound: Dura
     }
 }
 
-/// Whether this test run targets PostgreSQL (`ETCDSQL_TEST_BACKEND=postgres`) instead of SQLite.
+/// Whether this test run targets PostgreSQL (`ETCDSQL_TEST_BACKEND=postgres`).
 pub fn on_postgres() -> bool {
     std::env::var("ETCDSQL_TEST_BACKEND").as_deref() == Ok("postgres")
 }
 
+/// Whether this test run targets MySQL or MariaDB (`ETCDSQL_TEST_BACKEND=mysql`).
+pub fn on_mysql() -> bool {
+    std::env::var("ETCDSQL_TEST_BACKEND").as_deref() == Ok("mysql")
+}
+
+/// Whether the run targets a database server that several etcdsql processes can share
+/// (PostgreSQL or MySQL), rather than a SQLite file.
+pub fn shared_database() -> bool {
+    on_postgres() || on_mysql()
+}
+
 /// The database a test uses, the same for the same `dir` (so restarts find their data): a SQLite
-/// file in `dir`, or on PostgreSQL a database named after `dir`, which the server creates.
-/// `ETCDSQL_TEST_POSTGRES` names the server (default `postgres://postgres@127.0.0.1:5432`);
-/// test.sh drops the `etcdsql_test_*` databases before and after a run.
+/// file in `dir`, or on a database server a database named after `dir`, which the server
+/// creates. `ETCDSQL_TEST_POSTGRES` (default `postgres://postgres@127.0.0.1:5432`) and
+/// `ETCDSQL_TEST_MYSQL` (default `mysql://root@127.0.0.1:3306`) name the servers; test.sh drops
+/// the `etcdsql_test_*` databases before and after a run.
 pub fn test_endpoint(dir: &Path) -> String {
-    if !on_postgres() {
+    let server = if on_postgres() {
+        std::env::var("ETCDSQL_TEST_POSTGRES")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into())
+    } else if on_mysql() {
+        std::env::var("ETCDSQL_TEST_MYSQL").unwrap_or_else(|_| "mysql://root@127.0.0.1:3306".into())
+    } else {
         return format!("sqlite://{}", dir.join("state.db").display());
-    }
-    let server = std::env::var("ETCDSQL_TEST_POSTGRES")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into());
+    };
     // FNV-1a of the path: stable and short enough for a database name.
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
     for byte in dir.as_os_str().as_encoded_bytes() {
@@ -196,6 +211,9 @@ pub async fn log_rows(endpoint: &str) -> i64 {
     let sql = "SELECT COUNT(*) FROM kv_log";
     if on_postgres() {
         let pool = sqlx::PgPool::connect(endpoint).await.unwrap();
+        sqlx::query_scalar(sql).fetch_one(&pool).await.unwrap()
+    } else if on_mysql() {
+        let pool = sqlx::MySqlPool::connect(endpoint).await.unwrap();
         sqlx::query_scalar(sql).fetch_one(&pool).await.unwrap()
     } else {
         let pool = sqlx::SqlitePool::connect(endpoint).await.unwrap();

@@ -1,10 +1,12 @@
-//! A PostgreSQL outage under load (PostgreSQL runs only): the local server is stopped and
-//! started again with `pg_ctlcluster` while writers and a watcher run. While it is down requests
-//! fail with `Unavailable`; afterwards etcdsql recovers by itself, nothing acknowledged is lost,
-//! and the watch stream carries on with no gap. Bounded: a fixed outage, a deadline on recovery.
+//! A database outage under load (PostgreSQL and MySQL runs only): the local server is stopped
+//! and started again with its service's own command (`pg_ctlcluster`, MariaDB's init script)
+//! while writers and a watcher run. While it is down requests fail with `Unavailable`;
+//! afterwards etcdsql recovers by itself, nothing acknowledged is lost, and the watch stream
+//! carries on with no gap. Bounded: a fixed outage, a deadline on recovery.
 //!
-//! It stops the machine's PostgreSQL, so it runs in its own test binary (cargo runs binaries one
-//! at a time) and only when `ETCDSQL_TEST_OUTAGE=1` as well (test.sh sets it), never by accident.
+//! It stops the machine's database server, so it runs in its own test binary (cargo runs
+//! binaries one at a time) and only when `ETCDSQL_TEST_OUTAGE=1` as well (test.sh sets it),
+//! never by accident.
 
 mod common;
 
@@ -14,12 +16,16 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use common::{TestServer, on_postgres};
+use common::{TestServer, on_mysql, shared_database};
 use etcd_client::{GetOptions, WatchOptions};
 use tonic::Code;
 
-/// Runs `pg_ctlcluster` on the machine's one cluster.
-fn pg_ctl(action: &str) {
+/// Stops or starts the database server the run targets.
+fn db_ctl(action: &str) {
+    if on_mysql() {
+        mariadb_ctl(action);
+        return;
+    }
     let version = std::fs::read_dir("/etc/postgresql")
         .expect("a Debian PostgreSQL cluster")
         .filter_map(|e| e.ok())
@@ -33,19 +39,58 @@ fn pg_ctl(action: &str) {
     assert!(status.success(), "pg_ctlcluster {action} failed");
 }
 
-/// Starts PostgreSQL again however the test ends.
+/// Stops MariaDB with its admin tool, or starts its server detached from the test (this machine
+/// runs `mariadbd` without an init system, and Debian's init script needs a maintenance account
+/// the machine does not have); either way waits, bounded, until it has happened.
+fn mariadb_ctl(action: &str) {
+    let answers = || {
+        Command::new("mariadb-admin")
+            .args(["--protocol=tcp", "-h127.0.0.1", "-uroot", "ping"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    let want_up = action == "start";
+    if want_up {
+        Command::new("setsid")
+            .args(["--fork", "/usr/sbin/mariadbd"])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .expect("mariadbd starts");
+    } else {
+        let status = Command::new("mariadb-admin")
+            .args(["--protocol=tcp", "-h127.0.0.1", "-uroot", "shutdown"])
+            .status()
+            .expect("mariadb-admin runs");
+        assert!(status.success(), "mariadb-admin shutdown failed");
+    }
+    for _ in 0..600 {
+        if answers() == want_up {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("MariaDB did not {action} within 60 s");
+}
+
+/// Starts the database again however the test ends.
 struct RestartOnDrop;
 
 impl Drop for RestartOnDrop {
     fn drop(&mut self) {
-        let _ = std::panic::catch_unwind(|| pg_ctl("start"));
+        let _ = std::panic::catch_unwind(|| db_ctl("start"));
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_outage_loses_nothing_and_recovers_by_itself() {
-    if !on_postgres() || std::env::var("ETCDSQL_TEST_OUTAGE").as_deref() != Ok("1") {
-        eprintln!("skipped: needs ETCDSQL_TEST_BACKEND=postgres and ETCDSQL_TEST_OUTAGE=1");
+async fn database_outage_loses_nothing_and_recovers_by_itself() {
+    if !shared_database() || std::env::var("ETCDSQL_TEST_OUTAGE").as_deref() != Ok("1") {
+        eprintln!(
+            "skipped: needs ETCDSQL_TEST_BACKEND=postgres or mysql, and ETCDSQL_TEST_OUTAGE=1"
+        );
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -93,9 +138,9 @@ async fn postgres_outage_loses_nothing_and_recovers_by_itself() {
 
     tokio::time::sleep(Duration::from_millis(700)).await;
     let restart = RestartOnDrop;
-    pg_ctl("stop");
+    db_ctl("stop");
     tokio::time::sleep(Duration::from_secs(2)).await;
-    pg_ctl("start");
+    db_ctl("start");
     drop(restart);
     // Recovery: a write succeeds again within the deadline.
     let mut c = client.clone();
@@ -122,7 +167,10 @@ async fn postgres_outage_loses_nothing_and_recovers_by_itself() {
         acked.extend(a);
         unavailable += u;
     }
-    assert!(unavailable > 0, "requests failed while PostgreSQL was down");
+    assert!(
+        unavailable > 0,
+        "requests failed while the database was down"
+    );
     let stored = c
         .get("o/", Some(GetOptions::new().with_prefix().with_keys_only()))
         .await
