@@ -1063,6 +1063,10 @@ impl Backend for InstrumentedBackend {
         self.inner.sole_writer()
     }
 
+    fn max_key_bytes(&self) -> Option<usize> {
+        self.inner.max_key_bytes()
+    }
+
     /// Includes waiting for the previous write transaction to finish.
     async fn write(&self) -> backend::Result<Box<dyn WriteTxn>> {
         let inner = timed(&self.metrics, "begin_write", self.inner.write()).await?;

@@ -1287,3 +1287,48 @@ async fn gets_agree_with_range_reads_at_their_revision() {
     );
     server.stop().await;
 }
+
+/// etcd takes any key up to its request size; a database whose indexes bound an entry
+/// (PostgreSQL, InnoDB) refuses longer keys with a clear InvalidArgument, before anything of
+/// the request is written. SQLite has no such bound.
+#[tokio::test]
+async fn keys_longer_than_the_database_holds_are_refused_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(dir.path()).await;
+    let mut c = server.client().await;
+    let long = "k".repeat(4000);
+    let before = c
+        .get("short", None)
+        .await
+        .unwrap()
+        .header()
+        .unwrap()
+        .revision();
+    let put = c.put(long.as_str(), "v", None).await;
+    let nested = c
+        .txn(Txn::new().and_then([
+            TxnOp::put("short", "v", None),
+            TxnOp::txn(Txn::new().and_then([TxnOp::put(long.as_str(), "v", None)])),
+        ]))
+        .await;
+    if common::shared_database() {
+        for result in [put.map(drop), nested.map(drop)] {
+            let s = status(result.unwrap_err());
+            assert_eq!(s.code(), Code::InvalidArgument, "{s:?}");
+            assert!(
+                s.message()
+                    .starts_with("etcdserver: key is too long for this data store"),
+                "{s:?}"
+            );
+        }
+        let after = c.get("short", None).await.unwrap();
+        assert!(after.kvs().is_empty(), "nothing of the txn was written");
+        assert_eq!(after.header().unwrap().revision(), before);
+    } else {
+        put.unwrap();
+        nested.unwrap();
+        let got = c.get(long.as_str(), None).await.unwrap();
+        assert_eq!(got.kvs()[0].key().len(), 4000);
+    }
+    server.stop().await;
+}

@@ -70,6 +70,9 @@ impl From<mvcc::Error> for Status {
                 Status::out_of_range("etcdserver: mvcc: required revision is a future revision")
             }
             mvcc::Error::KeyNotFound => Status::invalid_argument("etcdserver: key not found"),
+            e @ mvcc::Error::KeyTooLong { .. } => {
+                Status::invalid_argument(format!("etcdserver: {e}"))
+            }
             mvcc::Error::LeaseNotFound => {
                 Status::not_found("etcdserver: requested lease not found")
             }

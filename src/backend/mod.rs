@@ -197,6 +197,11 @@ pub trait Backend: Send + Sync + 'static {
     fn sole_writer(&self) -> bool {
         false
     }
+    /// The longest key the database's indexes can hold, if it has a limit (an index entry is
+    /// bounded in PostgreSQL and InnoDB; SQLite has none).
+    fn max_key_bytes(&self) -> Option<usize> {
+        None
+    }
     /// Opens the one write transaction; waits while another is open.
     async fn write(&self) -> Result<Box<dyn WriteTxn>>;
     /// The cluster id, chosen once when the database was created.

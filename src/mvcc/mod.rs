@@ -134,6 +134,10 @@ pub enum Error {
     LeaseNotFound,
     #[error("lease already exists")]
     LeaseExists,
+    /// A Put's key is longer than the database's indexes can hold (etcd itself has no such
+    /// limit below its request size).
+    #[error("key is too long for this data store (at most {max} bytes)")]
+    KeyTooLong { max: usize },
     #[error(transparent)]
     Backend(Arc<backend::Error>),
     /// The writer's key index named a row the log does not hold. The batch fails and the
@@ -736,6 +740,11 @@ impl Store {
     /// an alarm refuses the txn (`NoSpace`, `Corrupt`), or the backend fails (then nothing of
     /// the txn was written).
     pub async fn txn(&self, req: TxnRequest) -> Result<Revisioned<TxnResponse>> {
+        if let Some(max) = self.inner.backend.max_key_bytes()
+            && req.longest_put_key() > max
+        {
+            return Err(Error::KeyTooLong { max });
+        }
         self.inner
             .alarms
             .admit(self.inner.backend.as_ref(), Cost::Txn(&req))

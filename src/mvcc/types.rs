@@ -218,6 +218,20 @@ pub struct TxnRequest {
 }
 
 impl TxnRequest {
+    /// The longest key any Put in either branch, at any depth, writes.
+    pub fn longest_put_key(&self) -> usize {
+        self.success
+            .iter()
+            .chain(&self.failure)
+            .map(|op| match op {
+                Op::Put(put) => put.key.len(),
+                Op::Txn(txn) => txn.longest_put_key(),
+                Op::Range(_) | Op::Delete(_) => 0,
+            })
+            .max()
+            .unwrap_or(0)
+    }
+
     /// Whether any op in either branch, at any depth, may write.
     pub fn may_write(&self) -> bool {
         self.success.iter().chain(&self.failure).any(|op| match op {

@@ -202,6 +202,10 @@ pub trait Connector: Send + Sync + 'static {
     fn sole_writer(&self) -> bool {
         false
     }
+    /// See [`Backend::max_key_bytes`].
+    fn max_key_bytes(&self) -> Option<usize> {
+        None
+    }
     /// See [`Backend::sync`].
     async fn sync(&self) -> Result<()> {
         Ok(())
@@ -242,6 +246,10 @@ impl<C: Connector> Backend for SqlBackend<C> {
 
     fn sole_writer(&self) -> bool {
         self.0.sole_writer()
+    }
+
+    fn max_key_bytes(&self) -> Option<usize> {
+        self.0.max_key_bytes()
     }
 
     async fn write(&self) -> Result<Box<dyn WriteTxn>> {

@@ -260,6 +260,11 @@ impl Connector for Mysql {
         Ok(session)
     }
 
+    /// The width of `kv_log.name` (see the migration).
+    fn max_key_bytes(&self) -> Option<usize> {
+        Some(3000)
+    }
+
     async fn size(&self) -> Result<DbSize> {
         let (total, free): (i64, i64) = sqlx::query_as(
             "SELECT CAST(COALESCE(SUM(data_length + index_length + data_free), 0) AS SIGNED), \
