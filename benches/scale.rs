@@ -46,8 +46,8 @@ struct Args {
     /// Small sizes (seconds): proves the bench works.
     #[arg(long)]
     smoke: bool,
-    /// Backends to measure, in order: sqlite, postgres.
-    #[arg(long, value_delimiter = ',', default_value = "sqlite,postgres")]
+    /// Backends to measure, in order: sqlite, postgres, mysql.
+    #[arg(long, value_delimiter = ',', default_value = "sqlite,postgres,mysql")]
     backends: Vec<String>,
     /// Live keys [full: 1,000,000; smoke: 5,000].
     #[arg(long)]
@@ -70,6 +70,9 @@ struct Args {
     /// The PostgreSQL server; a fresh database is created on it and dropped at the end.
     #[arg(long, default_value = "postgres://postgres@127.0.0.1:5432")]
     postgres_url: String,
+    /// The MySQL/MariaDB server; a fresh database is created on it and dropped at the end.
+    #[arg(long, default_value = "mysql://root@127.0.0.1:3306")]
+    mysql_url: String,
     /// Where the SQLite file goes [a fresh folder under /tmp].
     #[arg(long)]
     work_dir: Option<PathBuf>,
@@ -118,6 +121,10 @@ async fn run(args: &Args, name: &str) -> Result<(), Error> {
             let db = format!("etcdsql_scale_{}", std::process::id());
             (format!("{}/{db}", args.postgres_url), Some(db))
         }
+        "mysql" => {
+            let db = format!("etcdsql_scale_{}", std::process::id());
+            (format!("{}/{db}", args.mysql_url), Some(db))
+        }
         other => return Err(format!("unknown backend {other:?}").into()),
     };
 
@@ -140,12 +147,21 @@ async fn run(args: &Args, name: &str) -> Result<(), Error> {
     let result = measure(&endpoint, &fixture, repeat, args.write_rate, write_seconds).await;
 
     if let Some(db) = database.filter(|_| !args.keep) {
-        let admin = sqlx::PgPool::connect(&format!("{}/postgres", args.postgres_url)).await?;
-        sqlx::query(sqlx::AssertSqlSafe(format!(
-            "DROP DATABASE IF EXISTS \"{db}\" WITH (FORCE)"
-        )))
-        .execute(&admin)
-        .await?;
+        if name == "mysql" {
+            let admin = sqlx::MySqlPool::connect(&args.mysql_url).await?;
+            sqlx::query(sqlx::AssertSqlSafe(format!(
+                "DROP DATABASE IF EXISTS `{db}`"
+            )))
+            .execute(&admin)
+            .await?;
+        } else {
+            let admin = sqlx::PgPool::connect(&format!("{}/postgres", args.postgres_url)).await?;
+            sqlx::query(sqlx::AssertSqlSafe(format!(
+                "DROP DATABASE IF EXISTS \"{db}\" WITH (FORCE)"
+            )))
+            .execute(&admin)
+            .await?;
+        }
     }
     if args.work_dir.is_none() && !args.keep {
         let _ = std::fs::remove_dir_all(&dir);
@@ -200,6 +216,45 @@ impl Fixture {
                 .bind(current)
                 .execute(&pool)
                 .await?;
+            pool.close().await;
+        } else if endpoint.starts_with("mysql://") {
+            // MariaDB's SEQUENCE engine numbers the keys; rows as the server writes them.
+            let pool = sqlx::MySqlPool::connect(endpoint).await?;
+            for round in 0..self.versions {
+                sqlx::query(sqlx::AssertSqlSafe(format!(
+                    "INSERT INTO kv_log (revision, sub, name, created, deleted, create_revision, \
+                         prev_revision, version, lease, value, old_value, old_lease, superseded_by) \
+                     SELECT 2 + ? * ? + seq, 0, \
+                         CAST(CONCAT('/registry/configmaps/ns-', LPAD(seq DIV 1000, 4, '0'), \
+                             '/cm-', LPAD(seq MOD 1000, 6, '0')) AS BINARY), \
+                         ? = 0, 0, 2 + seq, \
+                         CASE WHEN ? = 0 THEN 0 ELSE 2 + (? - 1) * ? + seq END, \
+                         ? + 1, 0, CAST(RPAD(MD5(CONCAT(seq, '-', ?)), ?, 'x') AS BINARY), NULL, 0, \
+                         CASE WHEN ? + 1 < ? THEN 2 + (? + 1) * ? + seq END \
+                     FROM seq_0_to_{}",
+                    self.keys - 1
+                )))
+                .bind(round)
+                .bind(self.keys)
+                .bind(round)
+                .bind(round)
+                .bind(round)
+                .bind(self.keys)
+                .bind(round)
+                .bind(round)
+                .bind(self.value_bytes)
+                .bind(round)
+                .bind(self.versions)
+                .bind(round)
+                .bind(self.keys)
+                .execute(&pool)
+                .await?;
+            }
+            sqlx::query("UPDATE meta SET value = ? WHERE name = 'current_revision'")
+                .bind(current)
+                .execute(&pool)
+                .await?;
+            sqlx::query("ANALYZE TABLE kv_log").fetch_all(&pool).await?;
             pool.close().await;
         } else {
             let pool = sqlx::PgPool::connect(endpoint).await?;
@@ -679,6 +734,67 @@ async fn explain(endpoint: &str, fixture: &Fixture, pinned: i64) -> Result<(), E
             println!("```");
         }
         pool.close().await;
+    } else if endpoint.starts_with("mysql://") {
+        use etcdsql::backend::mysql::{count_query, scan_query};
+        let pool = sqlx::MySqlPool::connect(endpoint).await?;
+        let head: i64 =
+            sqlx::query_scalar("SELECT value FROM meta WHERE name = 'current_revision'")
+                .fetch_one(&pool)
+                .await?;
+        // Each statement takes its range and revision once per branch (MySQL's placeholders
+        // are positional).
+        for (what, sql, revision, with_limit) in [
+            (
+                "page at the current revision",
+                scan_query(&range, false),
+                head,
+                true,
+            ),
+            (
+                "page at the pinned revision",
+                scan_query(&range, false),
+                pinned,
+                true,
+            ),
+            (
+                "count at the current revision",
+                count_query(&range),
+                head,
+                false,
+            ),
+            (
+                "count at the pinned revision",
+                count_query(&range),
+                pinned,
+                false,
+            ),
+        ] {
+            let mut q = sqlx::query(sqlx::AssertSqlSafe(format!("EXPLAIN {sql}")))
+                .bind(start.as_slice())
+                .bind(end.as_slice())
+                .bind(revision);
+            if with_limit {
+                q = q.bind(500_i64);
+            }
+            q = q
+                .bind(start.as_slice())
+                .bind(end.as_slice())
+                .bind(revision)
+                .bind(revision);
+            if with_limit {
+                q = q.bind(500_i64).bind(500_i64);
+            }
+            print_mysql_plan(what, q.fetch_all(&pool).await?)?;
+        }
+        let q = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "EXPLAIN {}",
+            scan_query(&RangeEnd::Single, false)
+        )))
+        .bind(single.as_slice())
+        .bind(head)
+        .bind(1_i64);
+        print_mysql_plan("get one key", q.fetch_all(&pool).await?)?;
+        pool.close().await;
     } else {
         use etcdsql::backend::postgres::{count_query, scan_query};
         let pool = sqlx::PgPool::connect(endpoint).await?;
@@ -741,6 +857,44 @@ fn print_plan(what: &str, rows: Vec<sqlx::postgres::PgRow>) -> Result<(), Error>
     for r in rows {
         let line: String = r.try_get(0)?;
         println!("{line}");
+    }
+    println!("```");
+    Ok(())
+}
+
+/// MySQL's EXPLAIN: one line per table access (its access type, index and estimated rows).
+fn print_mysql_plan(what: &str, rows: Vec<sqlx::mysql::MySqlRow>) -> Result<(), Error> {
+    println!("\n{what}:\n```");
+    println!("id select_type table type key rows Extra");
+    for r in rows {
+        let text = |i: usize| -> String {
+            r.try_get::<Option<String>, _>(i)
+                .ok()
+                .flatten()
+                .or_else(|| {
+                    r.try_get::<Option<i64>, _>(i)
+                        .ok()
+                        .flatten()
+                        .map(|n| n.to_string())
+                })
+                .or_else(|| {
+                    r.try_get::<Option<u64>, _>(i)
+                        .ok()
+                        .flatten()
+                        .map(|n| n.to_string())
+                })
+                .unwrap_or_else(|| "-".into())
+        };
+        println!(
+            "{} {} {} {} {} {} {}",
+            text(0),
+            text(1),
+            text(2),
+            text(3),
+            text(5),
+            text(8),
+            text(9)
+        );
     }
     println!("```");
     Ok(())
