@@ -69,12 +69,12 @@ struct Args {
     #[arg(long)]
     smoke: bool,
     /// Systems to run: sqlite, postgres, postgres-3 (three etcdsql processes on one
-    /// database, the clients' connections spread over them), etcd (the reference:
+    /// database, the clients' connections spread over them), mysql, etcd (the reference:
     /// `--etcd-bin`), etcd-old (`--etcd-old-bin`).
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "sqlite,postgres,postgres-3,etcd,etcd-old"
+        default_value = "sqlite,postgres,postgres-3,mysql,etcd,etcd-old"
     )]
     systems: Vec<String>,
     /// Workloads to run: create, update, get, list (with count), watch, mixed, sweep.
@@ -165,6 +165,9 @@ struct Args {
     /// PostgreSQL admin URL; a fresh database is created beside it for the run and dropped.
     #[arg(long, default_value = "postgres://postgres@127.0.0.1:5432/test")]
     postgres_url: String,
+    /// MySQL/MariaDB server URL; a fresh database is created on it for the run and dropped.
+    #[arg(long, default_value = "mysql://root@127.0.0.1:3306")]
+    mysql_url: String,
     /// Record a `perf` profile of the server during each workload into this directory.
     #[arg(long)]
     perf_dir: Option<PathBuf>,
@@ -584,6 +587,7 @@ async fn main() -> ExitCode {
         etcd_old_bin: args.etcd_old_bin.clone(),
         etcdsql_bin: args.etcdsql_bin.clone(),
         postgres_url: args.postgres_url.clone(),
+        mysql_url: args.mysql_url.clone(),
         work_dir: work_dir.clone(),
         keep: args.keep,
     };
@@ -640,13 +644,13 @@ async fn main() -> ExitCode {
         }
     }
 
-    // Only the PostgreSQL systems may be missing; any error is a failure (of the harness or a server),
+    // Only the database servers' systems may be missing; any error is a failure (of the harness or a server),
     // never a timing judgement.
     let missing: Vec<&str> = run
         .systems
         .iter()
         .filter(|s| {
-            s.skipped.is_some() && !kinds.iter().any(|k| k.on_postgres() && k.name() == s.name)
+            s.skipped.is_some() && !kinds.iter().any(|k| k.on_server() && k.name() == s.name)
         })
         .map(|s| s.name.as_str())
         .collect();

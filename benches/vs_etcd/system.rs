@@ -23,6 +23,8 @@ pub enum Kind {
     /// Three etcdsql processes on one PostgreSQL database (the HA set-up); the clients'
     /// connections are spread over them.
     Postgres3,
+    /// One etcdsql process on a MySQL/MariaDB database.
+    Mysql,
     /// The etcd the ratios are taken against (today's line: sid's 3.5.x).
     Etcd,
     /// An older etcd beside it (bookworm's 3.4.23), for the record.
@@ -35,6 +37,7 @@ impl Kind {
             Kind::Sqlite => "etcdsql-sqlite",
             Kind::Postgres => "etcdsql-postgres",
             Kind::Postgres3 => "etcdsql-postgres-3",
+            Kind::Mysql => "etcdsql-mysql",
             Kind::Etcd => "etcd",
             Kind::EtcdOld => "etcd-old",
         }
@@ -45,17 +48,19 @@ impl Kind {
             "sqlite" | "etcdsql-sqlite" => Ok(Kind::Sqlite),
             "postgres" | "etcdsql-postgres" => Ok(Kind::Postgres),
             "postgres-3" | "etcdsql-postgres-3" => Ok(Kind::Postgres3),
+            "mysql" | "etcdsql-mysql" => Ok(Kind::Mysql),
             "etcd" => Ok(Kind::Etcd),
             "etcd-old" => Ok(Kind::EtcdOld),
             other => Err(format!(
-                "unknown system {other:?}: expected sqlite, postgres, postgres-3, etcd or etcd-old"
+                "unknown system {other:?}: expected sqlite, postgres, postgres-3, mysql, etcd or \
+                 etcd-old"
             )),
         }
     }
 
-    /// Whether its data lives in PostgreSQL (it may be skipped when none answers).
-    pub fn on_postgres(self) -> bool {
-        matches!(self, Kind::Postgres | Kind::Postgres3)
+    /// Whether its data lives in a database server (it may be skipped when none answers).
+    pub fn on_server(self) -> bool {
+        matches!(self, Kind::Postgres | Kind::Postgres3 | Kind::Mysql)
     }
 
     /// How many server processes serve it.
@@ -71,6 +76,8 @@ pub struct Setup {
     pub etcdsql_bin: String,
     /// Admin URL of the PostgreSQL server; a fresh database is created next to the one it names.
     pub postgres_url: String,
+    /// URL of the MySQL server; a fresh database is created on it.
+    pub mysql_url: String,
     /// Parent of every data directory and server log of this run.
     pub work_dir: PathBuf,
     /// Leave the PostgreSQL database in place at the end (`--keep`), for inspection.
@@ -91,6 +98,9 @@ pub struct Server {
     /// The PostgreSQL database created for this run, dropped when the server stops.
     pg_database: Option<String>,
     postgres_url: String,
+    /// The MySQL database created for this run, dropped when the server stops.
+    my_database: Option<String>,
+    mysql_url: String,
     keep: bool,
 }
 
@@ -180,6 +190,36 @@ fn psql(admin_url: &str, sql: &str) -> Result<(), String> {
     }
 }
 
+/// Runs `sql` on the MySQL server `url` (`mysql://USER[:PASSWORD]@HOST[:PORT]`) with the
+/// `mariadb` client.
+fn mysql_exec(url: &str, sql: &str) -> Result<(), String> {
+    let rest = url.strip_prefix("mysql://").unwrap_or(url);
+    let rest = rest.split(['/', '?']).next().unwrap_or(rest);
+    let (userinfo, address) = rest.rsplit_once('@').unwrap_or(("root", rest));
+    let (user, password) = userinfo.split_once(':').unwrap_or((userinfo, ""));
+    let (host, port) = address.rsplit_once(':').unwrap_or((address, "3306"));
+    let out = Command::new("mariadb")
+        .env("MYSQL_PWD", password)
+        .args([
+            "--protocol=tcp",
+            "-h",
+            host,
+            "-P",
+            port,
+            "-u",
+            user,
+            "-e",
+            sql,
+        ])
+        .output()
+        .map_err(|e| format!("cannot run mariadb: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).trim().to_owned())
+    }
+}
+
 /// `postgres://user@host:port/db?x` with the database replaced.
 fn with_database(url: &str, db: &str) -> String {
     let (base, query) = match url.split_once('?') {
@@ -202,6 +242,7 @@ impl Server {
         let _ = fs::remove_dir_all(&data_dir);
         fs::create_dir_all(&data_dir).map_err(|e| Skip(format!("{}: {e}", data_dir.display())))?;
         let mut pg_database = None;
+        let mut my_database = None;
         let mut commands = Vec::new();
         let version;
         match kind {
@@ -238,7 +279,7 @@ impl Server {
                     .arg(QUOTA_BYTES.to_string());
                 commands.push((endpoint, cmd));
             }
-            Kind::Sqlite | Kind::Postgres | Kind::Postgres3 => {
+            Kind::Sqlite | Kind::Postgres | Kind::Postgres3 | Kind::Mysql => {
                 // etcdsql changes under active development: name the build by its binary's time.
                 version = format!(
                     "{} (binary of {})",
@@ -247,6 +288,13 @@ impl Server {
                 );
                 let db_endpoint = if kind == Kind::Sqlite {
                     format!("sqlite://{}", data_dir.join("state.db").display())
+                } else if kind == Kind::Mysql {
+                    let db = format!("etcdsql_bench_{}_my", std::process::id());
+                    mysql_exec(&setup.mysql_url, &format!("DROP DATABASE IF EXISTS {db}"))
+                        .map_err(|e| Skip(format!("MySQL not usable: {e}")))?;
+                    my_database = Some(db.clone());
+                    // etcdsql creates it.
+                    format!("{}/{db}", setup.mysql_url.trim_end_matches('/'))
                 } else {
                     let db = format!("etcdsql_bench_{}_{}", std::process::id(), kind.instances());
                     psql(
@@ -285,6 +333,8 @@ impl Server {
             logs: Vec::new(),
             pg_database,
             postgres_url: setup.postgres_url.clone(),
+            my_database,
+            mysql_url: setup.mysql_url.clone(),
             keep: setup.keep,
         };
         for (i, (endpoint, mut cmd)) in commands.into_iter().enumerate() {
@@ -398,9 +448,9 @@ impl Server {
     }
 
     /// Bytes the data takes on disk (etcd's member dir, SQLite's file and WAL); `None` for
-    /// PostgreSQL, whose files live in the server's own directory.
+    /// a database server, whose files live in the server's own directory.
     pub fn disk_bytes(&self) -> Option<u64> {
-        (!self.kind.on_postgres()).then(|| dir_bytes(&self.data_dir))
+        (!self.kind.on_server()).then(|| dir_bytes(&self.data_dir))
     }
 
     /// Stops every instance (SIGTERM, then SIGKILL after 15 s) and drops its PostgreSQL
@@ -429,6 +479,9 @@ impl Server {
                 &self.postgres_url,
                 &format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)"),
             );
+        }
+        if let Some(db) = self.my_database.take().filter(|_| !self.keep) {
+            let _ = mysql_exec(&self.mysql_url, &format!("DROP DATABASE IF EXISTS {db}"));
         }
     }
 }

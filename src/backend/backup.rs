@@ -188,99 +188,68 @@ macro_rules! copy_all {
     }};
 }
 
+/// Copies the store read through `$snapshot` (statements spelled by `$spell`) into a new SQLite
+/// file at `$dest`.
+macro_rules! store_to_file {
+    ($snapshot:expr, $spell:expr, $dest:expr) => {{
+        let pool = open_file($dest).await?;
+        let mut file = pool.acquire().await?;
+        sqlx::query("BEGIN").execute(&mut *file).await?;
+        copy_all!(
+            $snapshot,
+            $spell,
+            &mut *file,
+            Sqlite,
+            anonymous,
+            UPSERT_META
+        );
+        sqlx::query("COMMIT").execute(&mut *file).await?;
+        drop(file);
+        pool.close().await;
+        Ok(())
+    }};
+}
+
+/// Copies the backup at `$source` into the empty store on `$target` (a transaction of database
+/// `$db`, statements spelled by `$spell`, meta rows written by `$upsert`).
+macro_rules! file_to_store {
+    ($source:expr, $target:expr, $db:ty, $spell:expr, $upsert:expr) => {{
+        ensure_empty!($target);
+        let pool = open_file($source).await?;
+        let mut file = pool.acquire().await?;
+        copy_all!(&mut *file, anonymous, &mut *$target, $db, $spell, $upsert);
+        drop(file);
+        pool.close().await;
+        Ok(())
+    }};
+}
+
 /// Copies a PostgreSQL store, read in `snapshot` (a repeatable-read transaction), into a new
 /// SQLite file at `dest`.
 pub(super) async fn postgres_to_file(snapshot: &mut sqlx::PgConnection, dest: &Path) -> Result<()> {
-    let pool = open_file(dest).await?;
-    let mut file = pool.acquire().await?;
-    sqlx::query("BEGIN").execute(&mut *file).await?;
-    copy_all!(
-        &mut *snapshot,
-        numbered,
-        &mut *file,
-        Sqlite,
-        anonymous,
-        UPSERT_META
-    );
-    sqlx::query("COMMIT").execute(&mut *file).await?;
-    drop(file);
-    pool.close().await;
-    Ok(())
-}
-
-/// Copies the backup at `source` into the PostgreSQL store `target` (a transaction), which
-/// must be empty.
-pub(super) async fn file_to_postgres(source: &Path, target: &mut sqlx::PgConnection) -> Result<()> {
-    ensure_empty!(target);
-    let pool = open_file(source).await?;
-    let mut file = pool.acquire().await?;
-    copy_all!(
-        &mut *file,
-        anonymous,
-        &mut *target,
-        Postgres,
-        numbered,
-        UPSERT_META
-    );
-    drop(file);
-    pool.close().await;
-    Ok(())
-}
-
-/// Copies the backup at `source` into the SQLite store on `target` (a transaction), which must
-/// be empty.
-pub(super) async fn file_to_sqlite(source: &Path, target: &mut SqliteConnection) -> Result<()> {
-    ensure_empty!(target);
-    let pool = open_file(source).await?;
-    let mut file = pool.acquire().await?;
-    copy_all!(
-        &mut *file,
-        anonymous,
-        &mut *target,
-        Sqlite,
-        anonymous,
-        UPSERT_META
-    );
-    drop(file);
-    pool.close().await;
-    Ok(())
+    store_to_file!(&mut *snapshot, numbered, dest)
 }
 
 /// Copies a MySQL store, read in `snapshot` (a consistent-snapshot transaction), into a new
 /// SQLite file at `dest`.
 pub(super) async fn mysql_to_file(snapshot: &mut sqlx::MySqlConnection, dest: &Path) -> Result<()> {
-    let pool = open_file(dest).await?;
-    let mut file = pool.acquire().await?;
-    sqlx::query("BEGIN").execute(&mut *file).await?;
-    copy_all!(
-        &mut *snapshot,
-        anonymous,
-        &mut *file,
-        Sqlite,
-        anonymous,
-        UPSERT_META
-    );
-    sqlx::query("COMMIT").execute(&mut *file).await?;
-    drop(file);
-    pool.close().await;
-    Ok(())
+    store_to_file!(&mut *snapshot, anonymous, dest)
+}
+
+/// Copies the backup at `source` into the PostgreSQL store `target` (a transaction), which
+/// must be empty.
+pub(super) async fn file_to_postgres(source: &Path, target: &mut sqlx::PgConnection) -> Result<()> {
+    file_to_store!(source, target, Postgres, numbered, UPSERT_META)
+}
+
+/// Copies the backup at `source` into the SQLite store on `target` (a transaction), which must
+/// be empty.
+pub(super) async fn file_to_sqlite(source: &Path, target: &mut SqliteConnection) -> Result<()> {
+    file_to_store!(source, target, Sqlite, anonymous, UPSERT_META)
 }
 
 /// Copies the backup at `source` into the MySQL store `target` (a transaction), which must be
 /// empty.
 pub(super) async fn file_to_mysql(source: &Path, target: &mut sqlx::MySqlConnection) -> Result<()> {
-    ensure_empty!(target);
-    let pool = open_file(source).await?;
-    let mut file = pool.acquire().await?;
-    copy_all!(
-        &mut *file,
-        anonymous,
-        &mut *target,
-        MySql,
-        anonymous,
-        UPSERT_META_MYSQL
-    );
-    drop(file);
-    pool.close().await;
-    Ok(())
+    file_to_store!(source, target, MySql, anonymous, UPSERT_META_MYSQL)
 }

@@ -15,6 +15,7 @@
 //! - Statements queued with [`Session::queue`] run, in order, before the next statement that
 //!   answers, and before the commit.
 
+mod server;
 mod statements;
 mod txn;
 
@@ -23,7 +24,8 @@ use std::path::Path;
 
 use async_trait::async_trait;
 
-pub use statements::{Sql, Syntax, insert_chunks, number_placeholders, push_tuples};
+pub use server::{ServerDialect, ServerSession, bound};
+pub use statements::{Sql, Syntax, insert_chunks, number_placeholders, push_tuples, values_chunks};
 
 use super::{
     AuthRecords, AuthVersion, Backend, DbSize, LeaseRow, LogRow, RangeEnd, ReadTxn, Result,

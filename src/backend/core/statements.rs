@@ -240,13 +240,14 @@ const INSERT_COLUMNS: &str = "INSERT INTO kv_log (revision, sub, name, created, 
 
 /// Appends `rows` for dialects that take many rows as VALUES tuples (SQLite, MySQL): in chunks
 /// of at most `max_rows` rows and about `max_bytes` of keys and values, each a multi-row INSERT
-/// followed by `supersede`'s statement marking the rows the chunk's rows replaced (after the
-/// insert: a row's predecessor may be an earlier row of the same chunk).
+/// followed by an UPDATE marking the rows the chunk's rows replaced (after the insert: a row's
+/// predecessor may be an earlier row of the same chunk). `supersede(n)` is that UPDATE's text
+/// for `n` replacing rows, each taking (its revision, its key, the revision it replaces).
 pub fn insert_chunks<'a>(
     rows: &'a [LogRow],
     max_rows: usize,
     max_bytes: usize,
-    supersede: impl Fn(&[&'a LogRow]) -> Stmt<'a>,
+    supersede: impl Fn(usize) -> String,
 ) -> Vec<Stmt<'a>> {
     let mut statements = Vec::new();
     let mut rest = rows;
@@ -262,7 +263,14 @@ pub fn insert_chunks<'a>(
         statements.push(insert_values(chunk));
         let replacing: Vec<&LogRow> = chunk.iter().filter(|r| r.prev_revision > 0).collect();
         if !replacing.is_empty() {
-            statements.push(supersede(&replacing));
+            let mut stmt = Stmt::new(supersede(replacing.len()));
+            for row in replacing {
+                stmt = stmt
+                    .int(row.revision)
+                    .bytes(&row.key)
+                    .int(row.prev_revision);
+            }
+            statements.push(stmt);
         }
     }
     statements
@@ -288,6 +296,25 @@ fn insert_values(rows: &[LogRow]) -> Stmt<'_> {
             .int(row.old_lease);
     }
     stmt
+}
+
+/// The statements of a [`ValuesAt`] for dialects that list the wanted rows in the statement:
+/// chunks of at most `chunk` rows, `text(first, count)` giving the SQL for rows `first..` of
+/// the whole slice, each row taking its key and revision as two placeholders, in order.
+pub fn values_chunks<'a>(
+    rows: &[(&'a [u8], i64)],
+    chunk: usize,
+    text: impl Fn(usize, usize) -> String,
+) -> Vec<Stmt<'a>> {
+    let mut statements = Vec::new();
+    for (chunk_no, rows) in rows.chunks(chunk).enumerate() {
+        let mut stmt = Stmt::new(text(chunk_no * chunk, rows.len()));
+        for (key, revision) in rows {
+            stmt = stmt.bytes(key).int(*revision);
+        }
+        statements.push(stmt);
+    }
+    statements
 }
 
 /// Appends `count` copies of `tuple`, comma-separated: the rows of a multi-row statement.

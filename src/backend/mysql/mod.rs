@@ -28,14 +28,18 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use sqlx::mysql::{MySqlArguments, MySqlConnectOptions, MySqlPool, MySqlPoolOptions, MySqlRow};
-use sqlx::pool::PoolConnection;
-use sqlx::{ConnectOptions, MySqlConnection, Transaction};
+use sqlx::mysql::{
+    MySqlArguments, MySqlConnectOptions, MySqlPool, MySqlPoolOptions, MySqlQueryResult,
+};
+use sqlx::{ConnectOptions, Transaction};
 use tokio::sync::watch;
 
 pub use sql::{count_query, scan_query};
 
-use super::core::{Connector, Session, Sql, Stmt, bind_scalar};
+use super::core::{Arg, Connector, ServerDialect, ServerSession, Session, Sql, Stmt, bind_scalar};
+
+/// A session on the MySQL pool.
+pub type MysqlSession = ServerSession<sqlx::MySql>;
 use super::{DbSize, Error, PoolOptions, Result};
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/mysql");
@@ -315,58 +319,17 @@ impl Connector for Mysql {
     }
 }
 
-/// A transaction, or a pooled connection running single statements.
-pub enum MysqlSession {
-    Tx(Transaction<'static, sqlx::MySql>),
-    Single(PoolConnection<sqlx::MySql>),
-}
-
-impl MysqlSession {
-    fn conn(&mut self) -> &mut MySqlConnection {
-        match self {
-            MysqlSession::Tx(tx) => tx,
-            MysqlSession::Single(conn) => conn,
-        }
-    }
-}
-
-fn bound(
-    stmt: Stmt<'_>,
-) -> Result<(
-    sqlx::AssertSqlSafe<std::borrow::Cow<'static, str>>,
-    MySqlArguments,
-)> {
-    let mut args = MySqlArguments::default();
-    for arg in stmt.args {
-        bind_scalar(&mut args, arg)?;
-    }
-    Ok((sqlx::AssertSqlSafe(stmt.sql), args))
-}
-
-#[async_trait]
-impl Session for MysqlSession {
-    type Row = MySqlRow;
-
-    fn sql(&self) -> &'static Sql {
+impl ServerDialect for sqlx::MySql {
+    fn sql() -> &'static Sql {
         &sql::SQL
     }
 
-    async fn fetch(&mut self, stmt: Stmt<'_>) -> Result<Vec<MySqlRow>> {
-        let (sql, args) = bound(stmt)?;
-        Ok(sqlx::query_with(sql, args).fetch_all(self.conn()).await?)
+    fn bind(args: &mut MySqlArguments, arg: Arg<'_>) -> Result<()> {
+        bind_scalar(args, arg)
     }
 
-    async fn execute(&mut self, stmt: Stmt<'_>) -> Result<u64> {
-        let (sql, args) = bound(stmt)?;
-        let done = sqlx::query_with(sql, args).execute(self.conn()).await?;
-        Ok(done.rows_affected())
-    }
-
-    async fn commit(self) -> Result<()> {
-        if let MysqlSession::Tx(tx) = self {
-            tx.commit().await?;
-        }
-        Ok(())
+    fn rows_affected(done: &MySqlQueryResult) -> u64 {
+        done.rows_affected()
     }
 }
 

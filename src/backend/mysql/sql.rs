@@ -10,7 +10,7 @@
 
 use std::sync::LazyLock;
 
-use crate::backend::core::{Sql, Stmt, Syntax, insert_chunks};
+use crate::backend::core::{Sql, Stmt, Syntax, insert_chunks, values_chunks};
 use crate::backend::{LogRow, RangeEnd, Scan};
 
 const SYNTAX: Syntax = Syntax {
@@ -173,42 +173,31 @@ fn rows_table(count: usize, names: &[&str]) -> String {
 }
 
 fn insert_rows(rows: &[LogRow]) -> Vec<Stmt<'_>> {
-    insert_chunks(rows, INSERT_ROWS, INSERT_BYTES, |replacing| {
-        let mut stmt = Stmt::new(format!(
+    insert_chunks(rows, INSERT_ROWS, INSERT_BYTES, |count| {
+        format!(
             "UPDATE kv_log AS k JOIN ({}) AS u ON k.name = u.name AND k.revision = u.prev \
              SET k.superseded_by = u.revision",
-            rows_table(replacing.len(), &["revision", "name", "prev"])
-        ));
-        for row in replacing {
-            stmt = stmt
-                .int(row.revision)
-                .bytes(&row.key)
-                .int(row.prev_revision);
-        }
-        stmt
+            rows_table(count, &["revision", "name", "prev"])
+        )
     })
 }
 
 fn values_at<'a>(rows: &[(&'a [u8], i64)]) -> Vec<Stmt<'a>> {
-    let mut statements = Vec::new();
-    for (chunk_no, chunk) in rows.chunks(VALUES_CHUNK).enumerate() {
-        let mut table = String::new();
-        for i in 0..chunk.len() {
-            let n = chunk_no * VALUES_CHUNK + i;
-            if i == 0 {
-                table.push_str(&format!("SELECT {n} AS i, ? AS n, ? AS r"));
-            } else {
-                table.push_str(&format!(" UNION ALL SELECT {n}, ?, ?"));
-            }
-        }
-        let mut stmt = Stmt::new(format!(
-            "SELECT w.i, k.value FROM ({table}) AS w STRAIGHT_JOIN kv_log AS k \
-             ON k.name = w.n AND k.revision = w.r"
-        ));
-        for (key, revision) in chunk {
-            stmt = stmt.bytes(key).int(*revision);
-        }
-        statements.push(stmt);
-    }
-    statements
+    values_chunks(rows, VALUES_CHUNK, |first, count| {
+        let rows: Vec<String> = (first..first + count)
+            .map(|i| {
+                if i == first {
+                    format!("SELECT {i} AS i, ? AS n, ? AS r")
+                } else {
+                    format!("SELECT {i}, ?, ?")
+                }
+            })
+            .collect();
+        // The wanted rows first, each one lookup in kv_log_name_revision.
+        format!(
+            "SELECT w.i, k.value FROM ({}) AS w STRAIGHT_JOIN kv_log AS k \
+             ON k.name = w.n AND k.revision = w.r",
+            rows.join(" UNION ALL ")
+        )
+    })
 }

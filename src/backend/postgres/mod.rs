@@ -24,15 +24,19 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use sqlx::pool::PoolConnection;
-use sqlx::postgres::{PgArguments, PgConnectOptions, PgListener, PgPool, PgPoolOptions, PgRow};
-use sqlx::{Arguments, ConnectOptions, PgConnection, Transaction};
+use sqlx::postgres::{
+    PgArguments, PgConnectOptions, PgListener, PgPool, PgPoolOptions, PgQueryResult,
+};
+use sqlx::{Arguments, ConnectOptions};
 use tokio::sync::watch;
 
 use sql::COMMIT_CHANNEL;
 pub use sql::{count_query, scan_query};
 
-use super::core::{Arg, Connector, Session, Sql, Stmt, bind_scalar};
+use super::core::{Arg, Connector, ServerDialect, ServerSession, Sql, bind_scalar};
+
+/// A session on the PostgreSQL pool.
+pub type PgSession = ServerSession<sqlx::Postgres>;
 use super::{DbSize, PoolOptions, Result};
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/postgres");
@@ -318,68 +322,24 @@ impl Connector for Postgres {
     }
 }
 
-/// A transaction, or a pooled connection running single statements.
-pub enum PgSession {
-    Tx(Transaction<'static, sqlx::Postgres>),
-    Single(PoolConnection<sqlx::Postgres>),
-}
-
-impl PgSession {
-    fn conn(&mut self) -> &mut PgConnection {
-        match self {
-            PgSession::Tx(tx) => tx,
-            PgSession::Single(conn) => conn,
-        }
+impl ServerDialect for sqlx::Postgres {
+    fn sql() -> &'static Sql {
+        &sql::SQL
     }
-}
 
-/// Binds PostgreSQL's arrays here and every scalar as all dialects do.
-fn bound(
-    stmt: Stmt<'_>,
-) -> Result<(
-    sqlx::AssertSqlSafe<std::borrow::Cow<'static, str>>,
-    PgArguments,
-)> {
-    let mut args = PgArguments::default();
-    for arg in stmt.args {
+    /// Binds PostgreSQL's arrays here and every scalar as all dialects do.
+    fn bind(args: &mut PgArguments, arg: Arg<'_>) -> Result<()> {
         let added = match arg {
             Arg::Ints(v) => args.add(v),
             Arg::Bools(v) => args.add(v),
             Arg::Blobs(v) => args.add(v),
             Arg::OptBlobs(v) => args.add(v),
-            scalar => {
-                bind_scalar(&mut args, scalar)?;
-                Ok(())
-            }
+            scalar => return bind_scalar(args, scalar),
         };
-        added.map_err(sqlx::Error::Encode)?;
-    }
-    Ok((sqlx::AssertSqlSafe(stmt.sql), args))
-}
-
-#[async_trait]
-impl Session for PgSession {
-    type Row = PgRow;
-
-    fn sql(&self) -> &'static Sql {
-        &sql::SQL
+        added.map_err(|e| sqlx::Error::Encode(e).into())
     }
 
-    async fn fetch(&mut self, stmt: Stmt<'_>) -> Result<Vec<PgRow>> {
-        let (sql, args) = bound(stmt)?;
-        Ok(sqlx::query_with(sql, args).fetch_all(self.conn()).await?)
-    }
-
-    async fn execute(&mut self, stmt: Stmt<'_>) -> Result<u64> {
-        let (sql, args) = bound(stmt)?;
-        let done = sqlx::query_with(sql, args).execute(self.conn()).await?;
-        Ok(done.rows_affected())
-    }
-
-    async fn commit(self) -> Result<()> {
-        if let PgSession::Tx(tx) = self {
-            tx.commit().await?;
-        }
-        Ok(())
+    fn rows_affected(done: &PgQueryResult) -> u64 {
+        done.rows_affected()
     }
 }

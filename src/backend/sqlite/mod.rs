@@ -40,7 +40,7 @@ use tokio::sync::{Mutex, OwnedMappedMutexGuard, OwnedMutexGuard, OwnedSemaphoreP
 
 pub use sql::{count_query, scan_query};
 
-use super::core::{Arg, Connector, Session, Sql, Stmt, bind_scalar};
+use super::core::{Arg, Connector, Session, Sql, Stmt, bind_scalar, bound};
 use super::{DbSize, Error, Result};
 
 pub(super) static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
@@ -455,21 +455,6 @@ impl SqliteTxn {
     }
 }
 
-/// A statement's text and its arguments, bound. Text borrowed from a static [`Sql`] stays
-/// static, so the connection prepares it once and caches it.
-fn bound(
-    stmt: Stmt<'_>,
-) -> Result<(
-    sqlx::AssertSqlSafe<std::borrow::Cow<'static, str>>,
-    SqliteArguments,
-)> {
-    let mut args = SqliteArguments::default();
-    for arg in stmt.args {
-        bind_scalar(&mut args, arg)?;
-    }
-    Ok((sqlx::AssertSqlSafe(stmt.sql), args))
-}
-
 #[async_trait]
 impl Session for SqliteTxn {
     type Row = SqliteRow;
@@ -488,14 +473,14 @@ impl Session for SqliteTxn {
             return Ok(query.fetch_all(self.conn()).await?);
         }
         self.send_pending().await?;
-        let (sql, args) = bound(stmt)?;
+        let (sql, args) = bound(stmt, bind_scalar::<SqliteArguments>)?;
         Ok(sqlx::query_with(sql, args).fetch_all(self.conn()).await?)
     }
 
     async fn execute(&mut self, stmt: Stmt<'_>) -> Result<u64> {
         // Apart from what is pending, so the count is this statement's alone.
         self.send_pending().await?;
-        let (sql, args) = bound(stmt)?;
+        let (sql, args) = bound(stmt, bind_scalar::<SqliteArguments>)?;
         let done = sqlx::query_with(sql, args).execute(self.conn()).await?;
         Ok(done.rows_affected())
     }

@@ -4,7 +4,7 @@
 use std::borrow::Cow;
 use std::sync::LazyLock;
 
-use crate::backend::core::{Sql, Stmt, Syntax, end_key, insert_chunks, push_tuples};
+use crate::backend::core::{Sql, Stmt, Syntax, end_key, insert_chunks, push_tuples, values_chunks};
 use crate::backend::{LogRow, RangeEnd, Scan};
 
 const SYNTAX: Syntax = Syntax {
@@ -161,44 +161,27 @@ fn count<'a>(key: &'a [u8], end: &'a RangeEnd, revision: i64) -> Stmt<'a> {
 }
 
 fn insert_rows(rows: &[LogRow]) -> Vec<Stmt<'_>> {
-    insert_chunks(rows, INSERT_CHUNK, usize::MAX, |replacing| {
+    insert_chunks(rows, INSERT_CHUNK, usize::MAX, |count| {
         let mut sql = String::from("UPDATE kv_log SET superseded_by = v.column1 FROM (VALUES ");
-        push_tuples(&mut sql, replacing.len(), "(?, ?, ?)");
+        push_tuples(&mut sql, count, "(?, ?, ?)");
         // The unary `+` keeps SQLite from indexing the VALUES list and scanning the whole
         // log against it: the list is the outer loop, each row a primary-key lookup.
         sql.push_str(") AS v WHERE kv_log.name = +v.column2 AND kv_log.revision = +v.column3");
-        let mut stmt = Stmt::new(sql);
-        for row in replacing {
-            stmt = stmt
-                .int(row.revision)
-                .bytes(&row.key)
-                .int(row.prev_revision);
-        }
-        stmt
+        sql
     })
 }
 
 fn values_at<'a>(rows: &[(&'a [u8], i64)]) -> Vec<Stmt<'a>> {
-    let mut statements = Vec::new();
-    for (chunk_no, chunk) in rows.chunks(VALUES_CHUNK).enumerate() {
+    values_chunks(rows, VALUES_CHUNK, |first, count| {
         // CROSS JOIN keeps the wanted rows as the outer loop, so each is one lookup of a
         // revision in the primary key.
-        let mut sql = String::from("WITH w(i, n, r) AS (VALUES ");
-        for i in 0..chunk.len() {
-            if i > 0 {
-                sql.push(',');
-            }
-            sql.push_str(&format!("({}, ?, ?)", chunk_no * VALUES_CHUNK + i));
-        }
-        sql.push_str(
-            ") SELECT w.i, k.value FROM w CROSS JOIN kv_log AS k \
+        let rows: Vec<String> = (first..first + count)
+            .map(|i| format!("({i}, ?, ?)"))
+            .collect();
+        format!(
+            "WITH w(i, n, r) AS (VALUES {}) SELECT w.i, k.value FROM w CROSS JOIN kv_log AS k \
              ON k.name = w.n AND k.revision = w.r",
-        );
-        let mut stmt = Stmt::new(sql);
-        for (key, revision) in chunk {
-            stmt = stmt.bytes(key).int(*revision);
-        }
-        statements.push(stmt);
-    }
-    statements
+            rows.join(",")
+        )
+    })
 }

@@ -1,0 +1,83 @@
+//! Sessions on a database server's pool (PostgreSQL, MySQL): a transaction, or one connection
+//! running single statements. A server dialect only says how it binds arguments.
+
+use async_trait::async_trait;
+use sqlx::pool::PoolConnection;
+use sqlx::{AssertSqlSafe, Database, Transaction};
+
+use super::{Arg, Columns, Session, Sql, Stmt};
+use crate::backend::Result;
+
+/// What a server dialect adds to its sqlx driver: its statements and how it binds an [`Arg`].
+pub trait ServerDialect: Database {
+    fn sql() -> &'static Sql;
+    /// # Errors
+    /// An argument the dialect cannot take or the driver cannot encode.
+    fn bind(args: &mut Self::Arguments, arg: Arg<'_>) -> Result<()>;
+    /// Rows a statement changed (the driver's result types share no trait for it).
+    fn rows_affected(done: &Self::QueryResult) -> u64;
+}
+
+/// A transaction, or a pooled connection running single statements (autocommit).
+pub enum ServerSession<DB: Database> {
+    Tx(Transaction<'static, DB>),
+    Single(PoolConnection<DB>),
+}
+
+impl<DB: Database> ServerSession<DB> {
+    fn conn(&mut self) -> &mut DB::Connection {
+        match self {
+            ServerSession::Tx(tx) => tx,
+            ServerSession::Single(conn) => conn,
+        }
+    }
+}
+
+/// A statement's text and its arguments bound by `bind`. Text borrowed from a static [`Sql`]
+/// stays static, so the connection prepares it once and caches it.
+///
+/// # Errors
+/// An argument `bind` refuses.
+pub fn bound<A: Default>(
+    stmt: Stmt<'_>,
+    bind: impl Fn(&mut A, Arg<'_>) -> Result<()>,
+) -> Result<(AssertSqlSafe<std::borrow::Cow<'static, str>>, A)> {
+    let mut args = A::default();
+    for arg in stmt.args {
+        bind(&mut args, arg)?;
+    }
+    Ok((AssertSqlSafe(stmt.sql), args))
+}
+
+#[async_trait]
+impl<DB> Session for ServerSession<DB>
+where
+    DB: ServerDialect,
+    DB::Row: Columns + Send,
+    DB::Arguments: sqlx::IntoArguments<DB>,
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+{
+    type Row = DB::Row;
+
+    fn sql(&self) -> &'static Sql {
+        DB::sql()
+    }
+
+    async fn fetch(&mut self, stmt: Stmt<'_>) -> Result<Vec<DB::Row>> {
+        let (sql, args) = bound(stmt, DB::bind)?;
+        Ok(sqlx::query_with(sql, args).fetch_all(self.conn()).await?)
+    }
+
+    async fn execute(&mut self, stmt: Stmt<'_>) -> Result<u64> {
+        let (sql, args) = bound(stmt, DB::bind)?;
+        let done = sqlx::query_with(sql, args).execute(self.conn()).await?;
+        Ok(DB::rows_affected(&done))
+    }
+
+    async fn commit(self) -> Result<()> {
+        if let ServerSession::Tx(tx) = self {
+            tx.commit().await?;
+        }
+        Ok(())
+    }
+}
