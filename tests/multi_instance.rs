@@ -1,6 +1,7 @@
-//! Several etcdsql processes over one PostgreSQL database (SPEC.md §9): reads see writes
+//! Several etcdsql processes over one PostgreSQL or MySQL database (SPEC.md §9): they can all
+//! start at once on a database that does not exist yet, reads see writes
 //! acknowledged by another instance, watchers on one instance see writes made through another
-//! within a poll interval shortened by LISTEN/NOTIFY, and a lease expires exactly once even
+//! within a poll interval shortened by LISTEN/NOTIFY (PostgreSQL) or a short poll (MySQL), and a lease expires exactly once even
 //! after the instance that granted it is gone. The watch guarantee checker also runs over three
 //! instances on PostgreSQL (tests/watch_guarantees.rs). On SQLite these tests say so and pass.
 
@@ -19,6 +20,36 @@ fn skip() -> bool {
     }
     eprintln!("skipped: several instances need ETCDSQL_TEST_BACKEND=postgres or mysql");
     true
+}
+
+/// Every control-plane node starting etcdsql at boot: the first start creates the database and
+/// its schema while the others do the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instances_started_together_on_a_new_database_all_serve() {
+    if skip() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b, c) = tokio::join!(
+        TestServer::start(dir.path()),
+        TestServer::start(dir.path()),
+        TestServer::start(dir.path()),
+    );
+    let mut clients = Vec::new();
+    for server in [&a, &b, &c] {
+        clients.push(server.client().await);
+    }
+    let put = clients[0].put("together", "v", None).await.unwrap();
+    for client in &mut clients {
+        let got = client.get("together", None).await.unwrap();
+        assert_eq!(
+            got.kvs()[0].mod_revision(),
+            put.header().unwrap().revision()
+        );
+    }
+    for server in [a, b, c] {
+        server.stop().await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

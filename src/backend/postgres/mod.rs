@@ -164,8 +164,10 @@ async fn create_database_if_missing(options: &PgConnectOptions) -> Result<()> {
             .await
         {
             Ok(_) => tracing::info!(database = %name, "created the database"),
-            // Another process created it first.
-            Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("42P04") => {}
+            // Another process created it first: before this one looked (duplicate_database), or
+            // at the same moment (a unique violation in the catalog).
+            Err(sqlx::Error::Database(e))
+                if matches!(e.code().as_deref(), Some("42P04" | "23505")) => {}
             Err(e) => return Err(e.into()),
         }
     }
