@@ -1,9 +1,10 @@
 //! Several etcdsql processes over one PostgreSQL or MySQL database (SPEC.md §9): they can all
-//! start at once on a database that does not exist yet, reads see writes
-//! acknowledged by another instance, watchers on one instance see writes made through another
-//! within a poll interval shortened by LISTEN/NOTIFY (PostgreSQL) or a short poll (MySQL), and a lease expires exactly once even
-//! after the instance that granted it is gone. The watch guarantee checker also runs over three
-//! instances on PostgreSQL (tests/watch_guarantees.rs). On SQLite these tests say so and pass.
+//! start at once on a database that does not exist yet, reads see writes acknowledged by another
+//! instance, watchers on one instance see writes made through another within a poll interval
+//! shortened by LISTEN/NOTIFY (PostgreSQL) or a 10 ms poll of the revision (MySQL), and a lease
+//! expires exactly once even after the instance that granted it is gone. The watch guarantee
+//! checker also runs over three instances there (tests/watch_guarantees.rs). On SQLite these
+//! tests say so and pass.
 
 mod common;
 
