@@ -31,6 +31,10 @@ enum Command {
     /// --endpoint, which must be empty; SQLite or PostgreSQL, whichever the snapshot came from.
     /// Stop servers on a SQLite file first.
     Restore { file: PathBuf },
+    /// Checks a data store's bookkeeping (revisions, which row replaced which, versions,
+    /// counters, leases), offline or while it serves, and says what is wrong in words; exits
+    /// with status 1 if anything is. ENDPOINT defaults to --endpoint.
+    Check { endpoint: Option<String> },
 }
 
 #[tokio::main]
@@ -65,8 +69,14 @@ async fn main() -> anyhow::Result<()> {
 
 async fn run_tool(config: &etcdsql::Config, command: Command) -> anyhow::Result<()> {
     let pool = etcdsql::backend::PoolOptions::default();
-    let endpoint = etcdsql::backend::redact(&config.endpoint);
-    let backend = etcdsql::backend::open(&config.endpoint, &pool)
+    let url = match &command {
+        Command::Check {
+            endpoint: Some(endpoint),
+        } => endpoint.as_str(),
+        _ => config.endpoint.as_str(),
+    };
+    let endpoint = etcdsql::backend::redact(url);
+    let backend = etcdsql::backend::open(url, &pool)
         .await
         .with_context(|| format!("cannot open {endpoint}"))?;
     let done = match command {
@@ -79,6 +89,24 @@ async fn run_tool(config: &etcdsql::Config, command: Command) -> anyhow::Result<
         Command::Restore { file } => etcdsql::snapshot::restore(&backend, &file).await.map(|()| {
             println!("Restored {} into {endpoint}", file.display());
         }),
+        Command::Check { .. } => {
+            let report = backend.check().await;
+            backend.close().await;
+            let report = report.with_context(|| format!("cannot check {endpoint}"))?;
+            println!(
+                "{endpoint}: {} log rows, current revision {}, compact revision {}, {} leases",
+                report.rows, report.current_revision, report.compact_revision, report.leases
+            );
+            if report.problems.is_empty() {
+                println!("ok: no problems found");
+                return Ok(());
+            }
+            for problem in &report.problems {
+                println!("problem: {problem}");
+            }
+            println!("{} problems found", report.problems.len());
+            std::process::exit(1);
+        }
     };
     backend.close().await;
     Ok(done?)

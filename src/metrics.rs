@@ -1100,6 +1100,10 @@ impl Backend for InstrumentedBackend {
         timed(&self.metrics, "sync", self.inner.sync()).await
     }
 
+    async fn check(&self) -> backend::Result<backend::CheckReport> {
+        self.inner.check().await
+    }
+
     async fn compacted_through(&self) -> backend::Result<i64> {
         timed(
             &self.metrics,

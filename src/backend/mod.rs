@@ -116,6 +116,8 @@ impl AuthVersion {
 
 mod backup;
 pub mod core;
+
+pub use core::check::Report as CheckReport;
 pub mod mysql;
 pub mod postgres;
 pub mod sqlite;
@@ -234,6 +236,8 @@ pub trait Backend: Send + Sync + 'static {
     /// Replaces the auth store with `next`, durably, if it is still at `expected`; returns
     /// whether it did. Instances on one database change it one at a time.
     async fn replace_auth(&self, expected: AuthVersion, next: &AuthRecords) -> Result<bool>;
+    /// Checks the log's bookkeeping in one snapshot (see `core::check`).
+    async fn check(&self) -> Result<CheckReport>;
     /// Makes every write transaction committed so far durable. A backend whose commit is durable
     /// by itself (PostgreSQL) has nothing to do; SQLite's commit only writes, and this fsyncs.
     async fn sync(&self) -> Result<()> {

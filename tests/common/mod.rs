@@ -206,6 +206,21 @@ pub fn test_endpoint(dir: &Path) -> String {
     format!("{server}/etcdsql_test_{hash:016x}")
 }
 
+/// Runs `sql` (no parameters, the same in every dialect) straight on the database.
+pub async fn execute_sql(endpoint: &str, sql: &str) {
+    let sql = sqlx::AssertSqlSafe(sql.to_owned());
+    if on_postgres() {
+        let pool = sqlx::PgPool::connect(endpoint).await.unwrap();
+        sqlx::query(sql).execute(&pool).await.unwrap();
+    } else if on_mysql() {
+        let pool = sqlx::MySqlPool::connect(endpoint).await.unwrap();
+        sqlx::query(sql).execute(&pool).await.unwrap();
+    } else {
+        let pool = sqlx::SqlitePool::connect(endpoint).await.unwrap();
+        sqlx::query(sql).execute(&pool).await.unwrap();
+    }
+}
+
 /// How many rows the log table holds, read straight from the database.
 pub async fn log_rows(endpoint: &str) -> i64 {
     let sql = "SELECT COUNT(*) FROM kv_log";

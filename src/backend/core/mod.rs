@@ -15,6 +15,7 @@
 //! - Statements queued with [`Session::queue`] run, in order, before the next statement that
 //!   answers, and before the commit.
 
+pub mod check;
 mod server;
 mod statements;
 mod txn;
@@ -405,6 +406,13 @@ impl<C: Connector> Backend for SqlBackend<C> {
 
     async fn sync(&self) -> Result<()> {
         self.0.sync().await
+    }
+
+    async fn check(&self) -> Result<check::Report> {
+        let mut tx = self.0.read().await?;
+        let report = check::run(&mut tx).await?;
+        tx.commit().await?;
+        Ok(report)
     }
 
     fn commit_notifications(&self) -> Option<tokio::sync::watch::Receiver<i64>> {

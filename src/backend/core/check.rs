@@ -1,0 +1,245 @@
+//! The integrity check (`etcdsql check`): the rules the log's bookkeeping keeps, each asked of
+//! the database as one query over one snapshot, and every violation found put in words.
+//!
+//! The rules (see `crate::backend` for why each exists):
+//! - the counters: every row at or below the current revision; the compact revision at or below
+//!   it; physical compaction no further than the compact revision;
+//! - one row per key and revision;
+//! - each key has exactly one newest row (`superseded_by` NULL), and it is the key's newest;
+//! - a row's `superseded_by` names a row of the same key whose `prev_revision` names it back;
+//! - a row that created its key has `create_revision` = its revision and version 1, and follows
+//!   nothing or a deletion; a later put has its predecessor's version plus one;
+//! - a live key's lease exists.
+//!
+//! The statements are the same in every dialect: they use no placeholders and only SQL that
+//! SQLite, PostgreSQL and MySQL share.
+
+use super::{Columns, Session, Stmt};
+use crate::backend::Result;
+
+/// Violations listed per rule, at most this many (the count says how many in all).
+const SAMPLES: usize = 10;
+
+/// What a check found wrong; empty when the store is consistent.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Report {
+    /// Rows, keys and revisions the check looked at, for the summary line.
+    pub rows: i64,
+    pub current_revision: i64,
+    pub compact_revision: i64,
+    pub leases: i64,
+    /// One sentence per violation.
+    pub problems: Vec<String>,
+}
+
+/// A rule: a query answering one row per violation, and how to say each in words.
+struct Rule {
+    sql: &'static str,
+    say: fn(&dyn RowText) -> String,
+}
+
+/// A result row's columns as text, whatever their type.
+trait RowText {
+    fn col(&self, i: usize) -> String;
+}
+
+impl<R: Columns> RowText for R {
+    fn col(&self, i: usize) -> String {
+        if let Ok(n) = self.int(i) {
+            return n.to_string();
+        }
+        if let Ok(Some(n)) = self.opt_int(i) {
+            return n.to_string();
+        }
+        match self.bytes(i) {
+            Ok(bytes) => format!("{:?}", String::from_utf8_lossy(&bytes)),
+            Err(_) => "NULL".into(),
+        }
+    }
+}
+
+const RULES: &[Rule] = &[
+    Rule {
+        sql: "SELECT k.name, k.revision FROM kv_log AS k \
+              WHERE k.revision > (SELECT value FROM meta WHERE name = 'current_revision')",
+        say: |r| {
+            format!(
+                "key {} has a row at revision {}, above the current revision",
+                r.col(0),
+                r.col(1)
+            )
+        },
+    },
+    Rule {
+        sql: "SELECT c.value, r.value FROM meta AS c CROSS JOIN meta AS r \
+              WHERE c.name = 'compact_revision' AND r.name = 'current_revision' \
+              AND c.value > r.value",
+        say: |r| {
+            format!(
+                "the compact revision {} is above the current revision {}",
+                r.col(0),
+                r.col(1)
+            )
+        },
+    },
+    Rule {
+        sql: "SELECT t.value, c.value FROM meta AS t CROSS JOIN meta AS c \
+              WHERE t.name = 'compacted_through' AND c.name = 'compact_revision' \
+              AND t.value > c.value",
+        say: |r| {
+            format!(
+                "rows were removed through revision {}, past the compact revision {}",
+                r.col(0),
+                r.col(1)
+            )
+        },
+    },
+    Rule {
+        sql: "SELECT name, revision, COUNT(*) FROM kv_log GROUP BY name, revision \
+              HAVING COUNT(*) > 1",
+        say: |r| {
+            format!(
+                "key {} has {} rows at revision {}",
+                r.col(0),
+                r.col(2),
+                r.col(1)
+            )
+        },
+    },
+    Rule {
+        sql: "SELECT name, COUNT(*) FROM kv_log WHERE superseded_by IS NULL GROUP BY name \
+              HAVING COUNT(*) > 1",
+        say: |r| {
+            format!(
+                "key {} has {} rows marked newest (superseded_by NULL); it must have one",
+                r.col(0),
+                r.col(1)
+            )
+        },
+    },
+    Rule {
+        sql: "SELECT k.name, MAX(k.revision) FROM kv_log AS k WHERE NOT EXISTS \
+              (SELECT 1 FROM kv_log AS h WHERE h.name = k.name AND h.superseded_by IS NULL) \
+              GROUP BY k.name",
+        say: |r| {
+            format!(
+                "key {} has no row marked newest (its newest is at revision {})",
+                r.col(0),
+                r.col(1)
+            )
+        },
+    },
+    Rule {
+        sql: "SELECT h.name, h.revision, MAX(n.revision) FROM kv_log AS h \
+              JOIN kv_log AS n ON n.name = h.name AND n.revision > h.revision \
+              WHERE h.superseded_by IS NULL GROUP BY h.name, h.revision",
+        say: |r| {
+            format!(
+                "key {}: the row marked newest is at revision {}, but it has a row at {}",
+                r.col(0),
+                r.col(1),
+                r.col(2)
+            )
+        },
+    },
+    Rule {
+        sql: "SELECT k.name, k.revision, k.superseded_by FROM kv_log AS k \
+              LEFT JOIN kv_log AS s ON s.name = k.name AND s.revision = k.superseded_by \
+              WHERE k.superseded_by IS NOT NULL \
+              AND (s.revision IS NULL OR s.prev_revision <> k.revision)",
+        say: |r| {
+            format!(
+                "key {}: the row at revision {} says revision {} replaced it, but no row of \
+                 the key there follows it",
+                r.col(0),
+                r.col(1),
+                r.col(2)
+            )
+        },
+    },
+    Rule {
+        sql: "SELECT k.name, k.revision, k.create_revision, k.version FROM kv_log AS k \
+              WHERE k.created AND (k.create_revision <> k.revision OR k.version <> 1)",
+        say: |r| {
+            format!(
+                "key {}: the row creating it at revision {} has create_revision {} and \
+                 version {} (expected its own revision and 1)",
+                r.col(0),
+                r.col(1),
+                r.col(2),
+                r.col(3)
+            )
+        },
+    },
+    Rule {
+        sql: "SELECT k.name, k.revision, p.revision FROM kv_log AS k \
+              JOIN kv_log AS p ON p.name = k.name AND p.revision = k.prev_revision \
+              WHERE k.created AND NOT p.deleted",
+        say: |r| {
+            format!(
+                "key {}: the row at revision {} creates the key, but it was live at revision {}",
+                r.col(0),
+                r.col(1),
+                r.col(2)
+            )
+        },
+    },
+    Rule {
+        sql: "SELECT k.name, k.revision, k.version, p.version FROM kv_log AS k \
+              JOIN kv_log AS p ON p.name = k.name AND p.revision = k.prev_revision \
+              WHERE NOT k.created AND NOT k.deleted AND NOT p.deleted \
+              AND k.version <> p.version + 1",
+        say: |r| {
+            format!(
+                "key {}: version {} at revision {} does not follow version {} before it",
+                r.col(0),
+                r.col(2),
+                r.col(1),
+                r.col(3)
+            )
+        },
+    },
+    Rule {
+        sql: "SELECT h.name, h.lease FROM kv_log AS h \
+              LEFT JOIN leases AS l ON l.id = h.lease \
+              WHERE h.superseded_by IS NULL AND NOT h.deleted AND h.lease <> 0 \
+              AND l.id IS NULL",
+        say: |r| {
+            format!(
+                "key {} is attached to lease {}, which does not exist",
+                r.col(0),
+                r.col(1)
+            )
+        },
+    },
+];
+
+/// Runs every rule in `session` (one snapshot).
+pub async fn run<S: Session>(session: &mut S) -> Result<Report> {
+    let mut report = Report::default();
+    let counts = session
+        .fetch(Stmt::new(
+            "SELECT (SELECT COUNT(*) FROM kv_log), (SELECT COUNT(*) FROM leases), \
+             (SELECT value FROM meta WHERE name = 'current_revision'), \
+             (SELECT value FROM meta WHERE name = 'compact_revision')",
+        ))
+        .await?;
+    if let Some(row) = counts.first() {
+        report.rows = row.int(0)?;
+        report.leases = row.int(1)?;
+        report.current_revision = row.int(2)?;
+        report.compact_revision = row.int(3)?;
+    }
+    for rule in RULES {
+        let rows = session.fetch(Stmt::new(rule.sql)).await?;
+        for row in rows.iter().take(SAMPLES) {
+            report.problems.push((rule.say)(row));
+        }
+        if rows.len() > SAMPLES {
+            report
+                .problems
+                .push(format!("… and {} more like the last", rows.len() - SAMPLES));
+        }
+    }
+    Ok(report)
+}

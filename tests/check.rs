@@ -1,0 +1,118 @@
+//! `etcdsql check`: a store written by the server passes; a store with a deliberately broken
+//! row fails with exit status 1 and says which key and what is wrong. Runs on whichever backend
+//! the run targets.
+
+mod common;
+
+use std::process::Command;
+
+use common::{TestServer, execute_sql, on_postgres, test_endpoint};
+use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
+
+/// Runs `etcdsql check ENDPOINT`: (exit status, what it printed).
+fn check(endpoint: &str) -> (i32, String) {
+    let bin =
+        std::env::var("ETCDSQL_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_etcdsql").to_owned());
+    let out = Command::new(bin)
+        .args(["--log-level", "error", "check", endpoint])
+        .output()
+        .expect("etcdsql check runs");
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.code().unwrap_or(-1), text)
+}
+
+/// `key` as a byte-string literal in the run's dialect.
+fn key(key: &str) -> String {
+    let hex: String = key.bytes().map(|b| format!("{b:02x}")).collect();
+    if on_postgres() {
+        format!("decode('{hex}', 'hex')")
+    } else {
+        format!("X'{hex}'")
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_passes_a_written_store_and_names_each_broken_rule() {
+    let dir = tempfile::tempdir().unwrap();
+    let endpoint = test_endpoint(dir.path());
+    let server = TestServer::start(dir.path()).await;
+    let mut c = server.client().await;
+    for i in 0..20 {
+        c.put(format!("k/{i:02}"), format!("v{i}"), None)
+            .await
+            .unwrap();
+    }
+    c.compact(21, None).await.unwrap();
+    for i in 0..10 {
+        c.put(format!("k/{i:02}"), "again", None).await.unwrap();
+    }
+    c.delete("k/05", None).await.unwrap();
+    c.put("k/05", "back", None).await.unwrap();
+    let lease = c.lease_grant(600, None).await.unwrap().id();
+    c.put("leased", "v", Some(PutOptions::new().with_lease(lease)))
+        .await
+        .unwrap();
+    c.txn(
+        Txn::new()
+            .when([Compare::version("k/01", CompareOp::Equal, 2)])
+            .and_then([TxnOp::put("k/01", "txn", None), TxnOp::delete("k/19", None)]),
+    )
+    .await
+    .unwrap();
+    let revision = c
+        .put("k/18", "last", None)
+        .await
+        .unwrap()
+        .header()
+        .unwrap()
+        .revision();
+    // Physically compacted: the rows that replaced the removed ones stay consistent.
+    c.compact(
+        revision - 3,
+        Some(etcd_client::CompactionOptions::new().with_physical()),
+    )
+    .await
+    .unwrap();
+    server.stop().await;
+
+    let (status, text) = check(&endpoint);
+    assert_eq!(status, 0, "{text}");
+    assert!(text.contains("ok: no problems found"), "{text}");
+    assert!(
+        text.contains(&format!("current revision {revision}")),
+        "{text}"
+    );
+
+    // k/18 was created at revision 20 (the first put is revision 2) and put again last: two
+    // rows marked newest, and a version that skips some.
+    execute_sql(
+        &endpoint,
+        &format!(
+            "UPDATE kv_log SET superseded_by = NULL WHERE revision = 20 AND name = {}",
+            key("k/18")
+        ),
+    )
+    .await;
+    execute_sql(
+        &endpoint,
+        &format!(
+            "UPDATE kv_log SET version = version + 5 WHERE name = {} AND revision = {revision}",
+            key("k/18")
+        ),
+    )
+    .await;
+    // And a lease that is gone while a key still names it.
+    execute_sql(&endpoint, "DELETE FROM leases").await;
+    let (status, text) = check(&endpoint);
+    assert_eq!(status, 1, "{text}");
+    for expected in [
+        "key \"k/18\" has 2 rows marked newest",
+        "key \"k/18\": the row marked newest is at revision 20",
+        "key \"k/18\": version 7 at revision",
+        "key \"leased\" is attached to lease",
+        "problems found",
+    ] {
+        assert!(text.contains(expected), "missing {expected:?} in:\n{text}");
+    }
+}
