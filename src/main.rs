@@ -35,6 +35,13 @@ enum Command {
     /// counters, leases), offline or while it serves, and says what is wrong in words; exits
     /// with status 1 if anything is. ENDPOINT defaults to --endpoint.
     Check { endpoint: Option<String> },
+    /// Copies a kine database (the SQLite, PostgreSQL or MySQL endpoint k3s gives kine) into
+    /// the store at --endpoint, which must be empty, with every revision kept; kine must not be
+    /// writing meanwhile.
+    Import {
+        #[arg(long, value_name = "ENDPOINT")]
+        from_kine: String,
+    },
 }
 
 #[tokio::main]
@@ -89,6 +96,11 @@ async fn run_tool(config: &etcdsql::Config, command: Command) -> anyhow::Result<
         Command::Restore { file } => etcdsql::snapshot::restore(&backend, &file).await.map(|()| {
             println!("Restored {} into {endpoint}", file.display());
         }),
+        Command::Import { from_kine } => {
+            let imported = import_kine(&backend, &from_kine, &endpoint).await;
+            backend.close().await;
+            return imported;
+        }
         Command::Check { .. } => {
             let report = backend.check().await;
             backend.close().await;
@@ -110,6 +122,49 @@ async fn run_tool(config: &etcdsql::Config, command: Command) -> anyhow::Result<
     };
     backend.close().await;
     Ok(done?)
+}
+
+/// `import --from-kine`: kine's rows into a backup file, then that file into the store.
+async fn import_kine(
+    backend: &std::sync::Arc<dyn etcdsql::backend::Backend>,
+    from: &str,
+    endpoint: &str,
+) -> anyhow::Result<()> {
+    let source = etcdsql::backend::redact(from);
+    let dir = tempfile::Builder::new()
+        .prefix("etcdsql-import")
+        .tempdir()?;
+    let file = dir.path().join("kine.db");
+    let started = std::time::Instant::now();
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64);
+    let mut reported = std::time::Instant::now();
+    let imported = etcdsql::backend::kine::to_file(from, &file, now_ms, |rows| {
+        if reported.elapsed().as_secs() >= 2 {
+            reported = std::time::Instant::now();
+            let rate = rows as f64 / started.elapsed().as_secs_f64().max(0.001);
+            eprintln!("import: {rows} rows read from {source} ({rate:.0} rows/s)");
+        }
+    })
+    .await
+    .with_context(|| format!("cannot read kine's rows from {source}"))?;
+    backend
+        .restore(&file)
+        .await
+        .with_context(|| format!("cannot write into {endpoint}"))?;
+    let seconds = started.elapsed().as_secs_f64();
+    println!(
+        "Imported {} rows ({} live keys, {} leases) from {source} into {endpoint} in {seconds:.1} s \
+         ({:.0} rows/s): current revision {}, compact revision {}",
+        imported.rows,
+        imported.keys,
+        imported.leases,
+        imported.rows as f64 / seconds.max(0.001),
+        imported.current_revision,
+        imported.compact_revision
+    );
+    Ok(())
 }
 
 async fn wait_for_signal() {

@@ -116,6 +116,7 @@ impl AuthVersion {
 
 mod backup;
 pub mod core;
+pub mod kine;
 
 pub use core::check::Report as CheckReport;
 pub mod mysql;
