@@ -8,7 +8,7 @@ mod common;
 
 use std::process::Command;
 
-use common::{TestServer, test_endpoint};
+use common::{TestServer, on_postgres, shared_database, test_endpoint};
 use etcd_client::{GetOptions, WatchOptions};
 
 fn etcdsql(args: &[&str]) -> (i32, String) {
@@ -74,15 +74,102 @@ async fn kine_fixture(path: &std::path::Path) {
     pool.close().await;
 }
 
+/// The same rows in a kine table on the run's database server (kine's MySQL and PostgreSQL
+/// schemas), in a database of their own; its endpoint.
+async fn kine_fixture_on_server(store: &std::path::Path) -> String {
+    let server_db = test_endpoint(store);
+    let (server, db) = server_db.rsplit_once('/').unwrap();
+    let db = format!("{db}_kine");
+    let create = format!("CREATE DATABASE {db}");
+    let endpoint = format!("{server}/{db}");
+    let (table, insert) = if on_postgres() {
+        let admin = sqlx::PgPool::connect(&format!("{server}/postgres"))
+            .await
+            .unwrap();
+        sqlx::query(sqlx::AssertSqlSafe(create))
+            .execute(&admin)
+            .await
+            .unwrap();
+        (
+            "CREATE TABLE kine (id BIGSERIAL PRIMARY KEY, name VARCHAR(630), created INTEGER, \
+             deleted INTEGER, create_revision BIGINT, prev_revision BIGINT, lease INTEGER, \
+             value BYTEA, old_value BYTEA)",
+            "INSERT INTO kine (id, name, created, deleted, create_revision, prev_revision, \
+             lease, value) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+        )
+    } else {
+        let admin = sqlx::MySqlPool::connect(server).await.unwrap();
+        sqlx::query(sqlx::AssertSqlSafe(create))
+            .execute(&admin)
+            .await
+            .unwrap();
+        (
+            "CREATE TABLE kine (id BIGINT UNSIGNED AUTO_INCREMENT, \
+             name VARCHAR(630) CHARACTER SET ascii, created INTEGER, deleted INTEGER, \
+             create_revision BIGINT UNSIGNED, prev_revision BIGINT UNSIGNED, lease INTEGER, \
+             value MEDIUMBLOB, old_value MEDIUMBLOB, PRIMARY KEY (id))",
+            "INSERT INTO kine (id, name, created, deleted, create_revision, prev_revision, \
+             lease, value) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        )
+    };
+    macro_rules! fill {
+        ($pool:expr) => {{
+            let pool = $pool;
+            sqlx::query(table).execute(&pool).await.unwrap();
+            for &(id, name, created, deleted, create_revision, prev_revision, lease, value) in ROWS
+            {
+                sqlx::query(insert)
+                    .bind(id)
+                    .bind(name)
+                    .bind(created as i32)
+                    .bind(deleted as i32)
+                    .bind(create_revision)
+                    .bind(prev_revision)
+                    .bind(lease as i32)
+                    .bind(value.as_bytes())
+                    .execute(&pool)
+                    .await
+                    .unwrap();
+            }
+            pool.close().await;
+        }};
+    }
+    if on_postgres() {
+        fill!(sqlx::PgPool::connect(&endpoint).await.unwrap());
+    } else {
+        fill!(sqlx::MySqlPool::connect(&endpoint).await.unwrap());
+    }
+    endpoint
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_kine_database_imports_with_its_revisions() {
     let dir = tempfile::tempdir().unwrap();
     let kine = dir.path().join("kine.db");
     kine_fixture(&kine).await;
-    let source = format!("sqlite://{}", kine.display());
     let store = dir.path().join("store");
     std::fs::create_dir(&store).unwrap();
-    let endpoint = test_endpoint(&store);
+    import_and_compare(&format!("sqlite://{}", kine.display()), &store).await;
+}
+
+/// kine on the run's own database server as the source (PostgreSQL and MySQL runs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kine_database_on_a_server_imports_with_its_revisions() {
+    if !shared_database() {
+        eprintln!("skipped: needs ETCDSQL_TEST_BACKEND=postgres or mysql");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    std::fs::create_dir(&store).unwrap();
+    let source = kine_fixture_on_server(&store).await;
+    import_and_compare(&source, &store).await;
+}
+
+/// Imports `source` into the store for `store` and reads it back.
+async fn import_and_compare(source: &str, store: &std::path::Path) {
+    let source = source.to_owned();
+    let endpoint = test_endpoint(store);
 
     let (status, text) = etcdsql(&["--endpoint", &endpoint, "import", "--from-kine", &source]);
     assert_eq!(status, 0, "{text}");
@@ -93,7 +180,7 @@ async fn a_kine_database_imports_with_its_revisions() {
     let (status, text) = etcdsql(&["check", &endpoint]);
     assert_eq!(status, 0, "{text}");
 
-    let server = TestServer::start(&store).await;
+    let server = TestServer::start(store).await;
     let mut c = server.client().await;
     let all = c
         .get("/registry/", Some(GetOptions::new().with_prefix()))
