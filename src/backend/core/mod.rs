@@ -46,7 +46,6 @@ pub enum Arg<'a> {
     Ints(Vec<i64>),
     Bools(Vec<bool>),
     Blobs(Vec<&'a [u8]>),
-    OptBlobs(Vec<Option<&'a [u8]>>),
 }
 
 /// A statement and its arguments, in the order its placeholders take them.
@@ -105,7 +104,7 @@ where
         Arg::Bool(v) => args.add(v),
         Arg::Bytes(v) => args.add(v),
         Arg::Text(v) => args.add(v.as_ref()),
-        Arg::Ints(_) | Arg::Bools(_) | Arg::Blobs(_) | Arg::OptBlobs(_) => {
+        Arg::Ints(_) | Arg::Bools(_) | Arg::Blobs(_) => {
             return Err(
                 sqlx::Error::Protocol("this dialect takes no array arguments".into()).into(),
             );

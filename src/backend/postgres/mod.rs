@@ -335,7 +335,6 @@ impl ServerDialect for sqlx::Postgres {
             Arg::Ints(v) => args.add(v),
             Arg::Bools(v) => args.add(v),
             Arg::Blobs(v) => args.add(v),
-            Arg::OptBlobs(v) => args.add(v),
             scalar => return bind_scalar(args, scalar),
         };
         added.map_err(|e| sqlx::Error::Encode(e).into())

@@ -7,14 +7,20 @@ use std::sync::LazyLock;
 use crate::backend::core::{Arg, Sql, Stmt, Syntax};
 use crate::backend::{LogRow, RangeEnd, Scan};
 
-/// The NOTIFY channel that carries committed revisions.
-pub const COMMIT_CHANNEL: &str = "etcdsql_commit";
+/// The NOTIFY channel that carries committed revisions (a macro so the statement below can
+/// name it as a literal).
+macro_rules! commit_channel {
+    () => {
+        "etcdsql_commit"
+    };
+}
+pub const COMMIT_CHANNEL: &str = commit_channel!();
 
 const SYNTAX: Syntax = Syntax {
     numbered: true,
     insert_ignore: ("INSERT INTO", " ON CONFLICT DO NOTHING"),
     lock_rows: " FOR UPDATE",
-    notify: Some("SELECT pg_notify('etcdsql_commit', ?)"),
+    notify: Some(concat!("SELECT pg_notify('", commit_channel!(), "', ?)")),
     empty_bytes: "''::bytea",
     null_bytes: "NULL::bytea",
 };
