@@ -139,13 +139,9 @@ async fn import_kine(
     let now_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as i64);
-    let mut reported = std::time::Instant::now();
-    let imported = etcdsql::backend::kine::to_file(from, &file, now_ms, |rows| {
-        if reported.elapsed().as_secs() >= 2 {
-            reported = std::time::Instant::now();
-            let rate = rows as f64 / started.elapsed().as_secs_f64().max(0.001);
-            eprintln!("import: {rows} rows read from {source} ({rate:.0} rows/s)");
-        }
+    let mut progress = Progress::new();
+    let imported = etcdsql::backend::kine::to_file(from, &file, now_ms, |rows, total| {
+        progress.report(rows, total);
     })
     .await
     .with_context(|| format!("cannot read kine's rows from {source}"))?;
@@ -165,6 +161,52 @@ async fn import_kine(
         imported.compact_revision
     );
     Ok(())
+}
+
+/// Progress of a long copy: on a terminal one line rewritten in place, otherwise a plain line
+/// every few seconds (logs).
+struct Progress {
+    started: std::time::Instant,
+    last: Option<std::time::Instant>,
+    terminal: bool,
+}
+
+impl Progress {
+    fn new() -> Self {
+        use std::io::IsTerminal;
+        Self {
+            started: std::time::Instant::now(),
+            last: None,
+            terminal: std::io::stderr().is_terminal(),
+        }
+    }
+
+    fn report(&mut self, done: u64, total: u64) {
+        let every = if self.terminal { 0.2 } else { 5.0 };
+        if self.last.is_some_and(|t| t.elapsed().as_secs_f64() < every) && done < total {
+            return;
+        }
+        self.last = Some(std::time::Instant::now());
+        let seconds = self.started.elapsed().as_secs_f64().max(0.001);
+        let rate = done as f64 / seconds;
+        let eta = if rate > 0.0 {
+            total.saturating_sub(done) as f64 / rate
+        } else {
+            0.0
+        };
+        let line = format!(
+            "import: {done} of {total} revisions written ({:.0}%), {rate:.0}/s, about {eta:.0} s left",
+            100.0 * done as f64 / total.max(1) as f64
+        );
+        if self.terminal {
+            eprint!("\r{line}");
+            if done >= total {
+                eprintln!();
+            }
+        } else {
+            eprintln!("{line}");
+        }
+    }
 }
 
 async fn wait_for_signal() {

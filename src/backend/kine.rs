@@ -177,7 +177,8 @@ struct Head {
 }
 
 /// Reads every row of the kine database at `endpoint` and writes the store they describe to a
-/// new etcdsql backup file at `dest`; `progress` hears about each chunk of rows read.
+/// new etcdsql backup file at `dest`; `progress` hears, after each chunk written, how many rows
+/// are written and how many there are in all.
 ///
 /// # Errors
 /// The source cannot be read (or has no `kine` table), or the file cannot be written.
@@ -185,13 +186,14 @@ pub async fn to_file(
     endpoint: &str,
     dest: &Path,
     now_ms: i64,
-    mut progress: impl FnMut(u64),
+    mut progress: impl FnMut(u64, u64),
 ) -> Result<Imported> {
     let mut source = Source::open(endpoint).await?;
     // Pass 1: which later row replaced each row, so that rows are written once, complete.
     let mut replaced_by: HashMap<i64, i64> = HashMap::new();
     let mut newest: HashMap<Vec<u8>, i64> = HashMap::new();
     let mut current = 0;
+    let mut total = 0;
     let mut after = 0;
     loop {
         let rows = source.rows(after).await?;
@@ -199,6 +201,7 @@ pub async fn to_file(
         after = last.id;
         current = current.max(last.id);
         for row in rows.iter().filter(|r| !bookkeeping(&r.name)) {
+            total += 1;
             if let Some(previous) = newest.insert(row.name.clone(), row.id) {
                 replaced_by.insert(previous, row.id);
             }
@@ -275,7 +278,7 @@ pub async fn to_file(
             insert.build().execute(&mut *file).await?;
             imported.rows += chunk.len() as u64;
         }
-        progress(imported.rows);
+        progress(imported.rows, total);
     }
     let mut leases = BTreeSet::new();
     for head in heads.values().filter(|h| !h.deleted) {
