@@ -11,7 +11,7 @@
 # A scenario's "# etcd-flags: ..." / "# etcdsql-flags: ..." lines add server flags; one marked
 # "# etcd-version: 3.5" (features etcd 3.4 lacks) is recorded from, and checked against, etcd
 # 3.5 ($ETCD35_BIN, by default the one conformance/k8s-storage/build.sh fetches from sid); one
-# with "# etcdsql-sqlite-only: REASON" is skipped, saying why, on PostgreSQL.
+# with "# etcdsql-not-on-postgres: REASON" is skipped, saying why, on PostgreSQL.
 # See conformance/README.md.
 set -euo pipefail
 
@@ -269,10 +269,10 @@ for name in "${SCENARIOS[@]}"; do
         fi
         pending=1
     fi
-    only_sqlite=$(sed -n 's/^# etcdsql-sqlite-only:[[:space:]]*//p' "$SCEN_DIR/$name.sh")
-    if [ "$TARGET" = etcdsql ] && [ -n "$DB_SERVER" ] && [ -n "$only_sqlite" ]; then
+    not_on_postgres=$(sed -n 's/^# etcdsql-not-on-postgres:[[:space:]]*//p' "$SCEN_DIR/$name.sh")
+    if [ "$TARGET" = etcdsql ] && [ -n "${ETCDSQL_POSTGRES:-}" ] && [ -n "$not_on_postgres" ]; then
         SKIPPED=$((SKIPPED + 1))
-        echo "SKIP $name: on a database server: $only_sqlite"
+        echo "SKIP $name: on PostgreSQL: $not_on_postgres"
         continue
     fi
     sdir="$WORK/$name"

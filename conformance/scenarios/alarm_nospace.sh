@@ -1,7 +1,7 @@
 # etcd-version: 3.5
 # etcd-flags: --quota-backend-bytes=1048576
 # etcdsql-flags: --quota-backend-bytes=1048576
-# etcdsql-sqlite-only: an empty PostgreSQL or MySQL database is already larger than this quota (tests/alarm.rs covers them)
+# etcdsql-not-on-postgres: an empty PostgreSQL database is already larger than this quota (tests/alarm.rs covers PostgreSQL)
 # The space quota: a write that would take the database past it raises NOSPACE; then writes
 # that add data fail, everything else goes on, and `alarm disarm` lifts it.
 $ETCDCTL put a 1 >/dev/null
