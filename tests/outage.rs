@@ -13,7 +13,7 @@ mod common;
 use std::collections::BTreeSet;
 use std::process::Command;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use common::{TestServer, on_mysql, shared_database};
@@ -120,10 +120,12 @@ async fn database_outage_loses_nothing_and_recovers_by_itself() {
         .unwrap();
 
     let stop = Arc::new(AtomicBool::new(false));
+    let refused = Arc::new(AtomicU64::new(0));
     let writers: Vec<_> = (0..4)
         .map(|w| {
             let mut c = client.clone();
             let stop = stop.clone();
+            let refused = refused.clone();
             tokio::spawn(async move {
                 let (mut acked, mut unavailable) = (Vec::new(), 0);
                 for i in 0..100_000 {
@@ -136,6 +138,7 @@ async fn database_outage_loses_nothing_and_recovers_by_itself() {
                         Err(etcd_client::Error::GRpcStatus(s)) => {
                             assert_eq!(s.code(), Code::Unavailable, "{s:?}");
                             unavailable += 1;
+                            refused.fetch_add(1, Ordering::Relaxed);
                             tokio::time::sleep(Duration::from_millis(50)).await;
                         }
                         Err(e) => panic!("unexpected error {e:?}"),
@@ -149,7 +152,18 @@ async fn database_outage_loses_nothing_and_recovers_by_itself() {
     tokio::time::sleep(Duration::from_millis(700)).await;
     let restart = RestartOnDrop;
     db_ctl("stop");
+    // Down for 2 s at least, and until requests have been refused: how soon the first one is
+    // depends on where the writers were when the server went (a batch in flight first waits
+    // for its connection to fail), and MariaDB stops and starts in a fraction of a second.
     tokio::time::sleep(Duration::from_secs(2)).await;
+    let down = tokio::time::Instant::now();
+    while refused.load(Ordering::Relaxed) == 0 {
+        assert!(
+            down.elapsed() < Duration::from_secs(30),
+            "no request was refused in 32 s without the database"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     db_ctl("start");
     drop(restart);
     // Recovery: a write succeeds again within the deadline.
