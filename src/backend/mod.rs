@@ -200,8 +200,9 @@ pub trait Backend: Send + Sync + 'static {
     fn sole_writer(&self) -> bool {
         false
     }
-    /// The longest key the database's indexes can hold, if it has a limit (an index entry is
-    /// bounded in PostgreSQL and InnoDB; SQLite has none).
+    /// The longest key the database can hold, if it has a fixed limit (MySQL's key column;
+    /// PostgreSQL's index entries are bounded after compression, so no length says it, and
+    /// SQLite has none).
     fn max_key_bytes(&self) -> Option<usize> {
         None
     }

@@ -261,12 +261,6 @@ impl Connector for Postgres {
         Ok(PgSession::Tx(tx))
     }
 
-    /// A B-tree entry holds at most about a third of a page: 2,680 bytes of key fit beside
-    /// the revision in `kv_log_live`; the rest is margin.
-    fn max_key_bytes(&self) -> Option<usize> {
-        Some(2600)
-    }
-
     async fn size(&self) -> Result<DbSize> {
         let total: i64 = sqlx::query_scalar("SELECT pg_database_size(current_database())")
             .fetch_one(&self.pool)
