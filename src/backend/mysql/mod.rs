@@ -36,7 +36,7 @@ use tokio::sync::watch;
 
 pub use sql::{count_query, scan_query};
 
-use super::core::{Arg, Connector, ServerDialect, ServerSession, Session, Sql, Stmt, bind_scalar};
+use super::core::{Arg, Connector, ServerDialect, ServerSession, Sql, bind_scalar};
 
 /// A session on the MySQL pool.
 pub type MysqlSession = ServerSession<sqlx::MySql>;
@@ -177,18 +177,25 @@ impl Mysql {
         })
     }
 
-    /// A transaction begun with `begin`, on a connection whose next transaction gets `level`.
-    async fn begin(&self, level: &str, begin: &'static str) -> Result<MysqlSession> {
+    /// A read-only transaction on one snapshot, taken at its start (every connection's
+    /// sessions are REPEATABLE READ, see `open`).
+    async fn read_tx(&self) -> Result<Transaction<'static, sqlx::MySql>> {
+        let conn = self.pool.acquire().await?;
+        let begin = "START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY";
+        Ok(Transaction::begin(conn, Some(sqlx::SqlSafeStr::into_sql_str(begin))).await?)
+    }
+
+    /// A READ COMMITTED transaction holding the writers' lock. (SET TRANSACTION sets the level
+    /// of the next transaction only; the connection's later ones are REPEATABLE READ again.)
+    async fn write_tx(&self) -> Result<Transaction<'static, sqlx::MySql>> {
         let mut conn = self.pool.acquire().await?;
-        sqlx::query(sqlx::AssertSqlSafe(format!(
-            "SET TRANSACTION ISOLATION LEVEL {level}"
-        )))
-        .execute(&mut *conn)
-        .await?;
-        let begin = sqlx::SqlSafeStr::into_sql_str(begin);
-        Ok(MysqlSession::Tx(
-            Transaction::begin(conn, Some(begin)).await?,
-        ))
+        sqlx::query("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
+            .execute(&mut *conn)
+            .await?;
+        let begin = sqlx::SqlSafeStr::into_sql_str("START TRANSACTION");
+        let mut tx = Transaction::begin(conn, Some(begin)).await?;
+        sqlx::query(WRITER_LOCK).fetch_all(&mut *tx).await?;
+        Ok(tx)
     }
 }
 
@@ -246,11 +253,7 @@ impl Connector for Mysql {
     type Session = MysqlSession;
 
     async fn read(&self) -> Result<MysqlSession> {
-        self.begin(
-            "REPEATABLE READ",
-            "START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY",
-        )
-        .await
+        Ok(MysqlSession::Tx(self.read_tx().await?))
     }
 
     /// Statements outside a transaction (autocommit): each sees every commit made before it.
@@ -259,9 +262,7 @@ impl Connector for Mysql {
     }
 
     async fn write(&self) -> Result<MysqlSession> {
-        let mut session = self.begin("READ COMMITTED", "START TRANSACTION").await?;
-        session.fetch(Stmt::new(WRITER_LOCK)).await?;
-        Ok(session)
+        Ok(MysqlSession::Tx(self.write_tx().await?))
     }
 
     /// The width of `kv_log.name` (see the migration).
@@ -292,18 +293,14 @@ impl Connector for Mysql {
     }
 
     async fn backup(&self, dest: &std::path::Path) -> Result<()> {
-        let MysqlSession::Tx(mut tx) = self.read().await? else {
-            unreachable!("a read session is a transaction");
-        };
+        let mut tx = self.read_tx().await?;
         super::backup::mysql_to_file(&mut tx, dest).await?;
         tx.commit().await?;
         Ok(())
     }
 
     async fn restore(&self, source: &std::path::Path) -> Result<()> {
-        let MysqlSession::Tx(mut tx) = self.write().await? else {
-            unreachable!("a write session is a transaction");
-        };
+        let mut tx = self.write_tx().await?;
         super::backup::file_to_mysql(source, &mut tx).await?;
         tx.commit().await?;
         Ok(())

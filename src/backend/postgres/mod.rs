@@ -27,7 +27,7 @@ use async_trait::async_trait;
 use sqlx::postgres::{
     PgArguments, PgConnectOptions, PgListener, PgPool, PgPoolOptions, PgQueryResult,
 };
-use sqlx::{Arguments, ConnectOptions};
+use sqlx::{Arguments, ConnectOptions, Transaction};
 use tokio::sync::watch;
 
 use sql::COMMIT_CHANNEL;
@@ -230,21 +230,32 @@ async fn listen_for_commits(pool: PgPool, commits: watch::Sender<i64>, listener:
     }
 }
 
-/// "The row of each key in a range that is visible at revision `$rev`, if it is live": still
-/// the key's newest row (the `kv_log_live` index), or replaced after `$rev` (the
-/// `kv_log_superseded` index); see the SQLite backend. PostgreSQL wants every parameter used, so
-/// each range shape numbers its own: `$1` is the start key, then the end key if there is one,
+impl Postgres {
+    /// A repeatable-read, read-only transaction: one snapshot.
+    async fn read_tx(&self) -> Result<Transaction<'static, sqlx::Postgres>> {
+        Ok(self
+            .pool
+            .begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            .await?)
+    }
+
+    /// A transaction holding the writers' lock.
+    async fn write_tx(&self) -> Result<Transaction<'static, sqlx::Postgres>> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query("SELECT pg_advisory_xact_lock($1)")
+            .bind(WRITER_LOCK)
+            .execute(&mut *tx)
+            .await?;
+        Ok(tx)
+    }
+}
 
 #[async_trait]
 impl Connector for Postgres {
     type Session = PgSession;
 
     async fn read(&self) -> Result<PgSession> {
-        let tx = self
-            .pool
-            .begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-            .await?;
-        Ok(PgSession::Tx(tx))
+        Ok(PgSession::Tx(self.read_tx().await?))
     }
 
     /// Statements outside a transaction: each sees every commit made before it began.
@@ -253,12 +264,7 @@ impl Connector for Postgres {
     }
 
     async fn write(&self) -> Result<PgSession> {
-        let mut tx = self.pool.begin().await?;
-        sqlx::query("SELECT pg_advisory_xact_lock($1)")
-            .bind(WRITER_LOCK)
-            .execute(&mut *tx)
-            .await?;
-        Ok(PgSession::Tx(tx))
+        Ok(PgSession::Tx(self.write_tx().await?))
     }
 
     async fn size(&self) -> Result<DbSize> {
@@ -290,19 +296,14 @@ impl Connector for Postgres {
     }
 
     async fn backup(&self, dest: &std::path::Path) -> Result<()> {
-        let mut tx = self.pool.begin().await?;
-        sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-            .execute(&mut *tx)
-            .await?;
+        let mut tx = self.read_tx().await?;
         super::backup::postgres_to_file(&mut tx, dest).await?;
         tx.commit().await?;
         Ok(())
     }
 
     async fn restore(&self, source: &std::path::Path) -> Result<()> {
-        let PgSession::Tx(mut tx) = self.write().await? else {
-            unreachable!("a write session is a transaction");
-        };
+        let mut tx = self.write_tx().await?;
         super::backup::file_to_postgres(source, &mut tx).await?;
         tx.commit().await?;
         Ok(())
