@@ -76,7 +76,7 @@ drop_test_databases() {
 }
 if psql "$postgres/postgres" -Atqc 'SELECT 1' >/dev/null 2>&1; then
     drop_test_databases
-    # tests/pg_outage.rs stops and starts the server with pg_ctlcluster: only a local one.
+    # tests/outage.rs stops and starts the server with pg_ctlcluster: only a local one.
     outage=0
     if command -v pg_ctlcluster >/dev/null && [[ $postgres == *@127.0.0.1:* ]]; then
         outage=1
@@ -113,10 +113,12 @@ drop_mysql_test_databases() {
 }
 if mysql_exec "$mysql" 'SELECT 1' >/dev/null 2>&1; then
     drop_mysql_test_databases
-    # tests/outage.rs would stop and start a local MariaDB itself, but it is off here for now:
-    # on MariaDB a request in flight when the server stops can wait out the whole outage instead
-    # of failing with Unavailable (issue #18; run it with ETCDSQL_TEST_OUTAGE=1 to see).
+    # tests/outage.rs stops a local MariaDB with mariadb-admin and starts /usr/sbin/mariadbd
+    # again (this machine runs it with no init system): only a local server it can restart.
     outage=0
+    if [[ $mysql == *@127.0.0.1:* ]] && [ -x /usr/sbin/mariadbd ] && pgrep -x mariadbd >/dev/null; then
+        outage=1
+    fi
     export ETCDSQL_TEST_BACKEND=mysql ETCDSQL_TEST_OUTAGE=$outage ETCDSQL_TEST_MYSQL="$mysql"
     bounded 2400 cargo test --locked
     contended=(watch_guarantees multi_instance reads lock_election)

@@ -68,6 +68,13 @@ impl TestServer {
         config.endpoint = test_endpoint(dir);
         config.shutdown_grace_seconds = 2;
         tweak(&mut config);
+        // RUST_LOG shows the server's log while debugging a test (stderr, uncaptured).
+        if std::env::var_os("RUST_LOG").is_some() {
+            let _ = tracing_subscriber::fmt()
+                .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+                .with_writer(std::io::stderr)
+                .try_init();
+        }
         // Tests start their servers from the test's own thread, which bears its name.
         let test = std::thread::current().name().unwrap_or("a test").to_owned();
         let watchdog = Watchdog::new(format!("test {test:?}"), TEST_LIMIT);
