@@ -18,7 +18,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let descriptors = protox::compile(files, ["proto"])?;
     let encoded = descriptors.encode_to_vec();
     tonic_prost_build::configure()
-        .build_client(false)
+        .build_client(true)
         .compile_fds(descriptors)?;
     pbjson_build::Builder::new()
         .register_descriptors(&encoded)?

@@ -18,6 +18,8 @@
 //! - [`pb`]: the generated protobuf types.
 //! - [`compat`]: repairs what old etcd clients send that Rust's HTTP/2 stack would refuse.
 //! - [`snapshot`]: snapshots and backups (a SQLite file and its checksum), and restoring them.
+//! - [`import`]: reading a running etcd over its API into the backup format (`import
+//!   --from-etcd`); kine's databases are read by `backend::kine`.
 //! - [`config`]: the command line.
 //! - [`metrics`]: Prometheus metrics under etcd's names, a gRPC layer and a backend decorator
 //!   that feed them.
@@ -28,6 +30,7 @@ pub mod backend;
 pub mod compat;
 pub mod concurrency;
 pub mod config;
+pub mod import;
 pub mod lease;
 pub mod listener;
 pub mod metrics;

@@ -35,12 +35,32 @@ enum Command {
     /// counters, leases), offline or while it serves, and says what is wrong in words; exits
     /// with status 1 if anything is. ENDPOINT defaults to --endpoint.
     Check { endpoint: Option<String> },
-    /// Copies a kine database (the SQLite, PostgreSQL or MySQL endpoint k3s gives kine) into
-    /// the store at --endpoint, which must be empty, with every revision kept; kine must not be
-    /// writing meanwhile.
+    /// Copies another store into the store at --endpoint, which must be empty: a kine database
+    /// (the SQLite, PostgreSQL or MySQL endpoint k3s gives kine; kine must not be writing
+    /// meanwhile) with every revision kept, or a running etcd at its current revision (with
+    /// --with-history, everything from its compact revision on).
+    #[command(group(clap::ArgGroup::new("source").required(true).args(["from_kine", "from_etcd"])))]
     Import {
+        /// The kine database: `sqlite://PATH`, `postgres://…` or `mysql://…` (kine's own
+        /// `mysql://user:pass@tcp(host:port)/db` form too).
         #[arg(long, value_name = "ENDPOINT")]
-        from_kine: String,
+        from_kine: Option<String>,
+        /// The etcd to copy: `http://HOST:PORT`, `https://HOST:PORT` or `HOST:PORT`.
+        #[arg(long, value_name = "URL")]
+        from_etcd: Option<String>,
+        /// Also copy etcd's history from its compact revision on, so that older revisions
+        /// and watches from them answer as on etcd.
+        #[arg(long, requires = "from_etcd")]
+        with_history: bool,
+        /// The CA certificate that signed etcd's server certificate (makes HOST:PORT https).
+        #[arg(long, value_name = "FILE", requires = "from_etcd")]
+        from_etcd_cacert: Option<PathBuf>,
+        /// A client certificate for etcd (with --from-etcd-key).
+        #[arg(long, value_name = "FILE", requires_all = ["from_etcd", "from_etcd_key"])]
+        from_etcd_cert: Option<PathBuf>,
+        /// The client certificate's private key.
+        #[arg(long, value_name = "FILE", requires = "from_etcd_cert")]
+        from_etcd_key: Option<PathBuf>,
     },
 }
 
@@ -96,8 +116,28 @@ async fn run_tool(config: &etcdsql::Config, command: Command) -> anyhow::Result<
         Command::Restore { file } => etcdsql::snapshot::restore(&backend, &file).await.map(|()| {
             println!("Restored {} into {endpoint}", file.display());
         }),
-        Command::Import { from_kine } => {
-            let imported = import_kine(&backend, &from_kine, &endpoint).await;
+        Command::Import {
+            from_kine,
+            from_etcd,
+            with_history,
+            from_etcd_cacert,
+            from_etcd_cert,
+            from_etcd_key,
+        } => {
+            let source = match (from_kine, from_etcd) {
+                (Some(kine), _) => Source::Kine(kine),
+                (None, Some(endpoint)) => Source::Etcd(
+                    etcdsql::import::Source {
+                        endpoint,
+                        cacert: from_etcd_cacert,
+                        cert: from_etcd_cert,
+                        key: from_etcd_key,
+                    },
+                    with_history,
+                ),
+                (None, None) => unreachable!("clap requires one source"),
+            };
+            let imported = import(&backend, source, &endpoint).await;
             backend.close().await;
             return imported;
         }
@@ -124,34 +164,53 @@ async fn run_tool(config: &etcdsql::Config, command: Command) -> anyhow::Result<
     Ok(done?)
 }
 
-/// `import --from-kine`: kine's rows into a backup file, then that file into the store.
-async fn import_kine(
+/// Where `import` copies from.
+enum Source {
+    Kine(String),
+    /// The etcd, and whether its history comes too.
+    Etcd(etcdsql::import::Source, bool),
+}
+
+/// `import`: the source into a backup file, then that file into the store.
+async fn import(
     backend: &std::sync::Arc<dyn etcdsql::backend::Backend>,
-    from: &str,
+    source: Source,
     endpoint: &str,
 ) -> anyhow::Result<()> {
-    let source = etcdsql::backend::redact(from);
     let dir = tempfile::Builder::new()
         .prefix("etcdsql-import")
         .tempdir()?;
-    let file = dir.path().join("kine.db");
+    let file = dir.path().join("import.db");
     let started = std::time::Instant::now();
     let now_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as i64);
     let mut progress = Progress::new();
-    let imported = etcdsql::backend::kine::to_file(from, &file, now_ms, |rows, total| {
-        progress.report(rows, total);
-    })
-    .await
-    .with_context(|| format!("cannot read kine's rows from {source}"))?;
+    let report = |rows, total| progress.report(rows, total);
+    let (imported, name) = match &source {
+        Source::Kine(from) => {
+            let name = etcdsql::backend::redact(from);
+            let imported = etcdsql::backend::kine::to_file(from, &file, now_ms, report)
+                .await
+                .with_context(|| format!("cannot read kine's rows from {name}"))?;
+            (imported, name)
+        }
+        Source::Etcd(from, with_history) => {
+            let name = from.endpoint.clone();
+            let imported = etcdsql::import::to_file(from, &file, *with_history, now_ms, report)
+                .await
+                .with_context(|| format!("cannot copy etcd at {name}"))?;
+            (imported, name)
+        }
+    };
+    eprintln!("import: writing {} rows into {endpoint}", imported.rows);
     backend
         .restore(&file)
         .await
         .with_context(|| format!("cannot write into {endpoint}"))?;
     let seconds = started.elapsed().as_secs_f64();
     println!(
-        "Imported {} rows ({} live keys, {} leases) from {source} into {endpoint} in {seconds:.1} s \
+        "Imported {} rows ({} live keys, {} leases) from {name} into {endpoint} in {seconds:.1} s \
          ({:.0} rows/s): current revision {}, compact revision {}",
         imported.rows,
         imported.keys,
@@ -195,7 +254,7 @@ impl Progress {
             0.0
         };
         let line = format!(
-            "import: {done} of {total} revisions written ({:.0}%), {rate:.0}/s, about {eta:.0} s left",
+            "import: {done} of {total} changes read ({:.0}%), {rate:.0}/s, about {eta:.0} s left",
             100.0 * done as f64 / total.max(1) as f64
         );
         if self.terminal {

@@ -4,22 +4,12 @@
 
 mod common;
 
-use std::process::Command;
-
-use common::{TestServer, execute_sql, on_postgres, test_endpoint};
+use common::{TestServer, etcdsql_tool, execute_sql, on_postgres, test_endpoint};
 use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
 
 /// Runs `etcdsql check ENDPOINT`: (exit status, what it printed).
 fn check(endpoint: &str) -> (i32, String) {
-    let bin =
-        std::env::var("ETCDSQL_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_etcdsql").to_owned());
-    let out = Command::new(bin)
-        .args(["--log-level", "error", "check", endpoint])
-        .output()
-        .expect("etcdsql check runs");
-    let text =
-        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    (out.status.code().unwrap_or(-1), text)
+    etcdsql_tool(&["check", endpoint])
 }
 
 /// `key` as a byte-string literal in the run's dialect.

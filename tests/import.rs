@@ -6,23 +6,8 @@
 
 mod common;
 
-use std::process::Command;
-
-use common::{TestServer, on_postgres, shared_database, test_endpoint};
+use common::{TestServer, etcdsql_tool, on_postgres, shared_database, test_endpoint};
 use etcd_client::{GetOptions, WatchOptions};
-
-fn etcdsql(args: &[&str]) -> (i32, String) {
-    let bin =
-        std::env::var("ETCDSQL_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_etcdsql").to_owned());
-    let out = Command::new(bin)
-        .args(["--log-level", "error"])
-        .args(args)
-        .output()
-        .expect("etcdsql runs");
-    let text =
-        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    (out.status.code().unwrap_or(-1), text)
-}
 
 /// kine's rows: (id, name, created, deleted, create_revision, prev_revision, lease, value).
 type KineRow = (i64, &'static str, i64, i64, i64, i64, i64, &'static str);
@@ -171,13 +156,13 @@ async fn import_and_compare(source: &str, store: &std::path::Path) {
     let source = source.to_owned();
     let endpoint = test_endpoint(store);
 
-    let (status, text) = etcdsql(&["--endpoint", &endpoint, "import", "--from-kine", &source]);
+    let (status, text) = etcdsql_tool(&["--endpoint", &endpoint, "import", "--from-kine", &source]);
     assert_eq!(status, 0, "{text}");
     assert!(
         text.contains("current revision 10, compact revision 4"),
         "{text}"
     );
-    let (status, text) = etcdsql(&["check", &endpoint]);
+    let (status, text) = etcdsql_tool(&["check", &endpoint]);
     assert_eq!(status, 0, "{text}");
 
     let server = TestServer::start(store).await;
@@ -267,7 +252,7 @@ async fn import_and_compare(source: &str, store: &std::path::Path) {
     server.stop().await;
 
     // A store that holds data is not imported into.
-    let (status, text) = etcdsql(&["--endpoint", &endpoint, "import", "--from-kine", &source]);
+    let (status, text) = etcdsql_tool(&["--endpoint", &endpoint, "import", "--from-kine", &source]);
     assert_ne!(status, 0, "{text}");
     assert!(text.contains("not empty"), "{text}");
 }

@@ -19,20 +19,19 @@
 //! backup format (`backup.rs`), which `Backend::restore` then copies into an empty store in one
 //! transaction.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::path::Path;
 use std::str::FromStr;
 
-use sqlx::{ConnectOptions, Connection, QueryBuilder, Row, Sqlite};
+use sqlx::{ConnectOptions, Connection, Row};
 
-use super::{Error, Result};
+use super::log_file::{Change, Imported, LogFile};
+use super::{Error, LeaseRow, Result};
 
 /// kine's name for its compaction bookkeeping rows.
 const COMPACT_KEY: &[u8] = b"compact_rev_key";
 /// Rows read per query.
 const CHUNK: i64 = 5000;
-/// Rows per INSERT into the file (14 parameters each, under SQLite's oldest limit of 999).
-const INSERT_CHUNK: usize = 64;
 
 /// One row of kine's table, as every dialect's query returns it.
 struct KineRow {
@@ -44,18 +43,6 @@ struct KineRow {
     create_revision: i64,
     lease: i64,
     value: Vec<u8>,
-}
-
-/// What the import did, for its report.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Imported {
-    /// Rows of the log written (bookkeeping rows left out).
-    pub rows: u64,
-    /// Keys live at the current revision.
-    pub keys: u64,
-    pub leases: u64,
-    pub current_revision: i64,
-    pub compact_revision: i64,
 }
 
 /// A connection to the kine database, whichever dialect it speaks.
@@ -136,6 +123,18 @@ impl Source {
         })
     }
 
+    /// How many of kine's rows are changes of keys (bookkeeping rows left out).
+    async fn changes(&mut self) -> Result<u64> {
+        let sql = "SELECT COUNT(*) FROM kine \
+                   WHERE name <> 'compact_rev_key' AND name NOT LIKE 'gap-%'";
+        let count: i64 = match self {
+            Source::Sqlite(conn) => sqlx::query_scalar(sql).fetch_one(conn).await?,
+            Source::Postgres(conn) => sqlx::query_scalar(sql).fetch_one(conn).await?,
+            Source::Mysql(conn) => sqlx::query_scalar(sql).fetch_one(conn).await?,
+        };
+        Ok(count.max(0) as u64)
+    }
+
     /// The compact revision kine recorded (0 if it never compacted).
     async fn compact_revision(&mut self) -> Result<i64> {
         let sql = "SELECT COALESCE(MAX(prev_revision), 0) FROM kine WHERE name = 'compact_rev_key'";
@@ -166,18 +165,8 @@ fn bookkeeping(name: &[u8]) -> bool {
     name == COMPACT_KEY || name.starts_with(b"gap-")
 }
 
-/// What the reader knows of a key from its rows so far.
-#[derive(Clone, Copy)]
-struct Head {
-    revision: i64,
-    create_revision: i64,
-    version: i64,
-    lease: i64,
-    deleted: bool,
-}
-
 /// Reads every row of the kine database at `endpoint` and writes the store they describe to a
-/// new etcdsql backup file at `dest`; `progress` hears, after each chunk written, how many rows
+/// new etcdsql backup file at `dest`; `progress` hears, after each chunk read, how many rows
 /// are written and how many there are in all.
 ///
 /// # Errors
@@ -189,124 +178,75 @@ pub async fn to_file(
     mut progress: impl FnMut(u64, u64),
 ) -> Result<Imported> {
     let mut source = Source::open(endpoint).await?;
-    // Pass 1: which later row replaced each row, so that rows are written once, complete.
-    let mut replaced_by: HashMap<i64, i64> = HashMap::new();
-    let mut newest: HashMap<Vec<u8>, i64> = HashMap::new();
+    let total = source.changes().await?;
+    let compact = source.compact_revision().await?;
+    let mut file = LogFile::create(dest).await?;
     let mut current = 0;
-    let mut total = 0;
     let mut after = 0;
     loop {
         let rows = source.rows(after).await?;
         let Some(last) = rows.last() else { break };
         after = last.id;
         current = current.max(last.id);
-        for row in rows.iter().filter(|r| !bookkeeping(&r.name)) {
-            total += 1;
-            if let Some(previous) = newest.insert(row.name.clone(), row.id) {
-                replaced_by.insert(previous, row.id);
-            }
+        for row in rows.into_iter().filter(|r| !bookkeeping(&r.name)) {
+            let before = file.head(&row.name);
+            let live_before = before.filter(|h| !h.deleted);
+            // A key's first row still there may follow rows kine compacted away: then kine's
+            // own flag says whether it created the key.
+            let created = !row.deleted
+                && match before {
+                    Some(_) => live_before.is_none(),
+                    None => row.created,
+                };
+            let version = match (created, live_before) {
+                (true, _) | (false, None) => 1,
+                (false, Some(h)) if row.deleted => h.version,
+                (false, Some(h)) => h.version + 1,
+            };
+            let create_revision = match live_before {
+                _ if created => row.id,
+                Some(h) => h.create_revision,
+                None if row.create_revision > 0 => row.create_revision,
+                None => row.id,
+            };
+            file.push(Change {
+                revision: row.id,
+                sub: 0,
+                key: row.name,
+                created,
+                deleted: row.deleted,
+                create_revision,
+                version,
+                lease: row.lease,
+                value: row.value,
+            })
+            .await?;
         }
+        progress(file.rows(), total.max(file.rows()));
     }
-    drop(newest);
-    let compact = source.compact_revision().await?.min(current);
-
-    let pool = super::backup::open_file(dest).await?;
-    let mut file = pool.acquire().await?;
-    sqlx::query("BEGIN").execute(&mut *file).await?;
-    let mut heads: HashMap<Vec<u8>, Head> = HashMap::new();
     let mut imported = Imported {
+        rows: file.rows(),
         current_revision: current,
-        compact_revision: compact,
+        compact_revision: compact.min(current),
         ..Imported::default()
     };
-    let mut after = 0;
-    loop {
-        let rows = source.rows(after).await?;
-        let Some(last) = rows.last() else { break };
-        after = last.id;
-        let rows: Vec<KineRow> = rows.into_iter().filter(|r| !bookkeeping(&r.name)).collect();
-        for chunk in rows.chunks(INSERT_CHUNK) {
-            let mut insert = QueryBuilder::<Sqlite>::new(
-                "INSERT INTO kv_log (revision, sub, name, created, deleted, create_revision, \
-                 prev_revision, version, lease, value, old_value, old_lease, superseded_by) ",
-            );
-            insert.push_values(chunk, |mut out, row| {
-                let before = heads.get(&row.name).copied();
-                let live_before = before.filter(|h| !h.deleted);
-                // A key's first row still there may follow rows kine compacted away: then
-                // kine's own flag says whether it created the key.
-                let created = !row.deleted
-                    && match before {
-                        Some(_) => live_before.is_none(),
-                        None => row.created,
-                    };
-                let version = match (created, live_before) {
-                    (true, _) | (false, None) => 1,
-                    (false, Some(h)) if row.deleted => h.version,
-                    (false, Some(h)) => h.version + 1,
-                };
-                let create_revision = match live_before {
-                    _ if created => row.id,
-                    Some(h) => h.create_revision,
-                    None if row.create_revision > 0 => row.create_revision,
-                    None => row.id,
-                };
-                heads.insert(
-                    row.name.clone(),
-                    Head {
-                        revision: row.id,
-                        create_revision,
-                        version,
-                        lease: row.lease,
-                        deleted: row.deleted,
-                    },
-                );
-                out.push_bind(row.id)
-                    .push_bind(0_i64)
-                    .push_bind(row.name.as_slice())
-                    .push_bind(created)
-                    .push_bind(row.deleted)
-                    .push_bind(create_revision)
-                    .push_bind(before.map_or(0, |h| h.revision))
-                    .push_bind(version)
-                    .push_bind(row.lease)
-                    .push_bind(row.value.as_slice())
-                    .push_bind(None::<Vec<u8>>)
-                    .push_bind(live_before.map_or(0, |h| h.lease))
-                    .push_bind(replaced_by.get(&row.id).copied());
-            });
-            insert.build().execute(&mut *file).await?;
-            imported.rows += chunk.len() as u64;
-        }
-        progress(imported.rows, total);
-    }
-    let mut leases = BTreeSet::new();
-    for head in heads.values().filter(|h| !h.deleted) {
+    let mut ttls = BTreeSet::new();
+    for (_, head) in file.live() {
         imported.keys += 1;
         if head.lease > 0 {
-            leases.insert(head.lease);
+            ttls.insert(head.lease);
         }
     }
-    for ttl in &leases {
-        sqlx::query("INSERT INTO leases (id, ttl, expires_at) VALUES (?1, ?1, ?2)")
-            .bind(ttl)
-            .bind(now_ms.saturating_add(ttl.saturating_mul(1000)))
-            .execute(&mut *file)
-            .await?;
-    }
+    let leases: Vec<LeaseRow> = ttls
+        .into_iter()
+        .map(|ttl| LeaseRow {
+            id: ttl,
+            ttl,
+            expires_at: now_ms.saturating_add(ttl.saturating_mul(1000)),
+        })
+        .collect();
     imported.leases = leases.len() as u64;
-    for (name, value) in [
-        ("current_revision", current.max(1)),
-        ("compact_revision", compact),
-    ] {
-        sqlx::query("UPDATE meta SET value = ?1 WHERE name = ?2")
-            .bind(value)
-            .bind(name)
-            .execute(&mut *file)
-            .await?;
-    }
-    sqlx::query("COMMIT").execute(&mut *file).await?;
-    drop(file);
-    pool.close().await;
+    file.finish(&leases, current, imported.compact_revision)
+        .await?;
     Ok(imported)
 }

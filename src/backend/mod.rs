@@ -117,6 +117,7 @@ impl AuthVersion {
 mod backup;
 pub mod core;
 pub mod kine;
+pub mod log_file;
 
 pub use core::check::Report as CheckReport;
 pub mod mysql;

@@ -347,3 +347,101 @@ where
     .await
     .map(tonic::Response::into_inner)
 }
+
+/// A real etcd for a test, on two free loopback ports and a data folder of its own: `etcd` from
+/// `ETCDSQL_ETCD_BIN`, else from `PATH` (test.sh installs Debian's). Killed on drop.
+pub struct RealEtcd {
+    pub url: String,
+    child: std::process::Child,
+    _dir: tempfile::TempDir,
+}
+
+impl RealEtcd {
+    pub async fn start() -> Self {
+        let bin = std::env::var("ETCDSQL_ETCD_BIN").unwrap_or_else(|_| "etcd".into());
+        // Ports the kernel picks, released for etcd; a start that loses one to another process
+        // is tried again on new ones.
+        for _ in 0..5 {
+            let free = || {
+                std::net::TcpListener::bind("127.0.0.1:0")
+                    .and_then(|l| l.local_addr())
+                    .expect("a free port")
+                    .port()
+            };
+            let (client, peer) = (free(), free());
+            if client == peer {
+                continue;
+            }
+            let dir = tempfile::tempdir().unwrap();
+            let url = format!("http://127.0.0.1:{client}");
+            let peer_url = format!("http://127.0.0.1:{peer}");
+            let mut child = std::process::Command::new(&bin)
+                .args(["--name", "reference", "--data-dir"])
+                .arg(dir.path().join("data"))
+                .args([
+                    "--listen-client-urls",
+                    &url,
+                    "--advertise-client-urls",
+                    &url,
+                ])
+                .args(["--listen-peer-urls", &peer_url])
+                .args(["--initial-advertise-peer-urls", &peer_url])
+                .args(["--initial-cluster", &format!("reference={peer_url}")])
+                .stdin(std::process::Stdio::null())
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .unwrap_or_else(|e| panic!("cannot start {bin} (test.sh installs etcd): {e}"));
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+            while tokio::time::Instant::now() < deadline {
+                if child.try_wait().ok().flatten().is_some() {
+                    break;
+                }
+                let options = etcd_client::ConnectOptions::new()
+                    .with_connect_timeout(Duration::from_secs(1))
+                    .with_timeout(Duration::from_secs(2));
+                if let Ok(mut c) = Client::connect([url.clone()], Some(options)).await
+                    && c.get("health-probe", None).await.is_ok()
+                {
+                    return Self {
+                        url,
+                        child,
+                        _dir: dir,
+                    };
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        panic!("{bin} did not start and answer within 30 s in 5 tries");
+    }
+
+    pub async fn client(&self) -> Client {
+        Client::connect([self.url.clone()], None)
+            .await
+            .expect("client connects to etcd")
+    }
+}
+
+impl Drop for RealEtcd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Runs the `etcdsql` binary with `args` (a tool command): its exit status and everything it
+/// printed.
+pub fn etcdsql_tool(args: &[&str]) -> (i32, String) {
+    let bin =
+        std::env::var("ETCDSQL_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_etcdsql").to_owned());
+    let out = std::process::Command::new(bin)
+        .args(["--log-level", "error"])
+        .args(args)
+        .output()
+        .expect("etcdsql runs");
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.code().unwrap_or(-1), text)
+}

@@ -1,0 +1,391 @@
+//! Reading a running etcd over its own API into etcdsql's backup format, so that `etcdsql
+//! import --from-etcd` restores it into any backend with revisions, versions and leases kept.
+//!
+//! The import stands at one revision R, the source's current revision when it starts; later
+//! writes to the source are not copied.
+//! - Without history: every key live at R (a paginated Range at R), each at its own mod
+//!   revision, and R becomes the compact revision: reads below R are `Compacted`, as after a
+//!   compaction at R.
+//! - With history: a watch from revision 2 learns the source's compact revision C (etcd answers
+//!   a watch that starts too early with it); the keys live at C come from a Range at C, and every
+//!   change in (C, R] from a watch from C + 1, so reads at any revision from C to R and watches
+//!   from C on answer as the source would. A never-compacted source replays from revision 2.
+//!
+//! Sub-revisions (the order of a txn's changes inside its revision) come from the watch, in the
+//! order etcd sends them; for the keys read by Range, several keys written at one revision are
+//! numbered in key order, which etcd does not record.
+//!
+//! Leases are copied with their granted TTL and their remaining time. A lease a copied key names
+//! that the source no longer lists (revoked or expired after R) is copied as already expired, so
+//! etcdsql's lessor deletes its keys as the source did.
+//!
+//! Invariants: the source is only read; every wait on it is bounded ([`WAIT`]); the file is
+//! written in one transaction (`backend::log_file`), so a failed import leaves nothing to restore.
+
+use std::collections::{BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio_stream::StreamExt;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+
+use crate::backend::LeaseRow;
+use crate::backend::log_file::{Change, Imported, LogFile};
+use crate::pb::etcdserverpb::{
+    LeaseLeasesRequest, LeaseTimeToLiveRequest, RangeRequest, WatchCreateRequest, WatchRequest,
+    WatchResponse, kv_client::KvClient, lease_client::LeaseClient, watch_client::WatchClient,
+    watch_request::RequestUnion,
+};
+use crate::pb::mvccpb::{KeyValue, event::EventType};
+
+/// Longest the source may take to answer one request or send the next watch response.
+pub const WAIT: Duration = Duration::from_secs(60);
+/// Keys per Range page.
+const PAGE: i64 = 1000;
+/// Largest message the source may send (a page of large values).
+const MAX_MESSAGE: usize = 512 * 1024 * 1024;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("invalid etcd endpoint {0:?}")]
+    Endpoint(String),
+    #[error("cannot read {path}: {source}")]
+    ReadFile {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error(
+        "an https:// endpoint needs --from-etcd-cacert (the CA that signed etcd's certificate)"
+    )]
+    NoCa,
+    #[error("cannot connect to etcd: {0}")]
+    Connect(#[from] tonic::transport::Error),
+    #[error("etcd refused a request: {}", .0.message())]
+    Rpc(#[from] tonic::Status),
+    #[error("etcd did not answer within {} s", WAIT.as_secs())]
+    Timeout,
+    #[error("etcd ended the watch of its history: {0}")]
+    WatchEnded(String),
+    #[error("etcd compacted its history at revision {0} during the import; run the import again")]
+    CompactedMeanwhile(i64),
+    #[error(transparent)]
+    Backend(#[from] crate::backend::Error),
+}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// Where the source etcd is and how to reach it.
+#[derive(Clone, Debug, Default)]
+pub struct Source {
+    /// `http://HOST:PORT`, `https://HOST:PORT`, or `HOST:PORT` (https when a CA is given).
+    pub endpoint: String,
+    /// The CA that signed the source's certificate.
+    pub cacert: Option<PathBuf>,
+    /// A client certificate and its key, for a source that asks for one.
+    pub cert: Option<PathBuf>,
+    pub key: Option<PathBuf>,
+}
+
+impl Source {
+    async fn connect(&self) -> Result<Channel> {
+        let url = if self.endpoint.contains("://") {
+            self.endpoint.clone()
+        } else if self.cacert.is_some() {
+            format!("https://{}", self.endpoint)
+        } else {
+            format!("http://{}", self.endpoint)
+        };
+        let mut endpoint = Endpoint::from_shared(url.clone())
+            .map_err(|_| Error::Endpoint(self.endpoint.clone()))?
+            .connect_timeout(Duration::from_secs(10))
+            .timeout(WAIT);
+        if url.starts_with("https://") {
+            let ca = self.cacert.as_deref().ok_or(Error::NoCa)?;
+            let mut tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(read(ca)?));
+            if let (Some(cert), Some(key)) = (&self.cert, &self.key) {
+                tls = tls.identity(Identity::from_pem(read(cert)?, read(key)?));
+            }
+            endpoint = endpoint.tls_config(tls)?;
+        }
+        Ok(endpoint.connect().await?)
+    }
+}
+
+fn read(path: &Path) -> Result<Vec<u8>> {
+    std::fs::read(path).map_err(|source| Error::ReadFile {
+        path: path.display().to_string(),
+        source,
+    })
+}
+
+/// Copies the source at its current revision into a new backup file at `dest` (with its
+/// history from its compact revision on, if `with_history`); `progress` hears how many rows
+/// are written and about how many there will be.
+///
+/// # Errors
+/// The source cannot be reached or read, or the file cannot be written.
+pub async fn to_file(
+    source: &Source,
+    dest: &Path,
+    with_history: bool,
+    now_ms: i64,
+    mut progress: impl FnMut(u64, u64),
+) -> Result<Imported> {
+    let channel = source.connect().await?;
+    let mut kv = KvClient::new(channel.clone()).max_decoding_message_size(MAX_MESSAGE);
+    let mut watch = WatchClient::new(channel.clone()).max_decoding_message_size(MAX_MESSAGE);
+    let mut lease = LeaseClient::new(channel);
+
+    let current = header_revision(&mut kv).await?;
+    let mut file = LogFile::create(dest).await?;
+    let mut copy = Copy {
+        file: &mut file,
+        total: 0,
+        progress: &mut progress,
+    };
+    let compact = if with_history {
+        match copy.changes(&mut watch, 2, current).await? {
+            None => 0,
+            Some(compacted) => {
+                copy.keys_at(&mut kv, compacted).await?;
+                if let Some(again) = copy.changes(&mut watch, compacted + 1, current).await? {
+                    return Err(Error::CompactedMeanwhile(again));
+                }
+                compacted
+            }
+        }
+    } else {
+        copy.keys_at(&mut kv, current).await?;
+        current
+    };
+
+    let mut imported = Imported {
+        rows: file.rows(),
+        current_revision: current,
+        compact_revision: compact,
+        ..Imported::default()
+    };
+    let mut named = BTreeSet::new();
+    for (_, head) in file.live() {
+        imported.keys += 1;
+        if head.lease != 0 {
+            named.insert(head.lease);
+        }
+    }
+    let leases = leases(&mut lease, &named, now_ms).await?;
+    imported.leases = leases.len() as u64;
+    file.finish(&leases, current, compact).await?;
+    Ok(imported)
+}
+
+/// The source's current revision.
+async fn header_revision(kv: &mut KvClient<Channel>) -> Result<i64> {
+    let response = kv
+        .range(RangeRequest {
+            key: vec![0],
+            range_end: vec![0],
+            count_only: true,
+            ..RangeRequest::default()
+        })
+        .await?
+        .into_inner();
+    Ok(response.header.map_or(1, |h| h.revision))
+}
+
+/// Rows on their way into the file.
+struct Copy<'a, P: FnMut(u64, u64)> {
+    file: &'a mut LogFile,
+    /// About how many rows the import will write, as far as known.
+    total: u64,
+    progress: &'a mut P,
+}
+
+impl<P: FnMut(u64, u64)> Copy<'_, P> {
+    fn report(&mut self) {
+        let done = self.file.rows();
+        (self.progress)(done, self.total.max(done));
+    }
+
+    /// Every key live at `revision`, each as one row at its mod revision.
+    async fn keys_at(&mut self, kv: &mut KvClient<Channel>, revision: i64) -> Result<()> {
+        // Keys written at one revision are numbered in key order (the Range's order).
+        let mut subs: HashMap<i64, i64> = HashMap::new();
+        let mut from = vec![0];
+        loop {
+            let page = tokio::time::timeout(
+                WAIT,
+                kv.range(RangeRequest {
+                    key: from,
+                    range_end: vec![0],
+                    revision,
+                    limit: PAGE,
+                    ..RangeRequest::default()
+                }),
+            )
+            .await
+            .map_err(|_| Error::Timeout)??
+            .into_inner();
+            if self.total == 0 {
+                self.total = page.count.max(0) as u64;
+            }
+            let Some(last) = page.kvs.last() else { break };
+            let mut next = last.key.clone();
+            next.push(0);
+            for kv in page.kvs {
+                let sub = subs.entry(kv.mod_revision).or_insert(0);
+                let change = put(kv, *sub);
+                *sub += 1;
+                self.file.push(change).await?;
+            }
+            self.report();
+            if !page.more {
+                break;
+            }
+            from = next;
+        }
+        Ok(())
+    }
+
+    /// Every change in `[from, to]`, from a watch; `Some(C)` instead if the source compacted
+    /// its history at C ≥ `from` (then nothing was copied).
+    async fn changes(
+        &mut self,
+        watch: &mut WatchClient<Channel>,
+        from: i64,
+        to: i64,
+    ) -> Result<Option<i64>> {
+        if from > to {
+            return Ok(None);
+        }
+        self.total += (to - from + 1) as u64;
+        // The request stream stays open until the copy is done: closing it ends the watch.
+        let (requests, outgoing) = mpsc::channel(1);
+        let create = WatchRequest {
+            request_union: Some(RequestUnion::CreateRequest(WatchCreateRequest {
+                key: vec![0],
+                range_end: vec![0],
+                start_revision: from,
+                ..WatchCreateRequest::default()
+            })),
+        };
+        requests
+            .send(create)
+            .await
+            .map_err(|_| Error::WatchEnded("the request stream closed".into()))?;
+        let mut responses = tokio::time::timeout(WAIT, watch.watch(ReceiverStream::new(outgoing)))
+            .await
+            .map_err(|_| Error::Timeout)??
+            .into_inner();
+        let (mut revision, mut sub) = (0, 0);
+        loop {
+            let response: WatchResponse = tokio::time::timeout(WAIT, responses.next())
+                .await
+                .map_err(|_| Error::Timeout)?
+                .ok_or_else(|| Error::WatchEnded("the stream closed".into()))??;
+            if response.compact_revision > 0 {
+                return Ok(Some(response.compact_revision));
+            }
+            if response.canceled {
+                return Err(Error::WatchEnded(response.cancel_reason));
+            }
+            for event in response.events {
+                let Some(kv) = event.kv else { continue };
+                if kv.mod_revision > to {
+                    return Ok(None);
+                }
+                if kv.mod_revision != revision {
+                    (revision, sub) = (kv.mod_revision, 0);
+                }
+                let change = if event.r#type == EventType::Delete as i32 {
+                    self.tombstone(kv, sub)
+                } else {
+                    put(kv, sub)
+                };
+                sub += 1;
+                self.file.push(change).await?;
+            }
+            self.report();
+            if revision >= to {
+                drop(requests);
+                return Ok(None);
+            }
+        }
+    }
+
+    /// A deletion's row: the key's create revision and last version come from its rows so far.
+    fn tombstone(&self, kv: KeyValue, sub: i64) -> Change {
+        let head = self.file.head(&kv.key).filter(|h| !h.deleted);
+        Change {
+            revision: kv.mod_revision,
+            sub,
+            created: false,
+            deleted: true,
+            create_revision: head.map_or(0, |h| h.create_revision),
+            version: head.map_or(0, |h| h.version),
+            lease: 0,
+            value: Vec::new(),
+            key: kv.key,
+        }
+    }
+}
+
+/// A put's row, as etcd reports the key after it.
+fn put(kv: KeyValue, sub: i64) -> Change {
+    Change {
+        revision: kv.mod_revision,
+        sub,
+        created: kv.version == 1,
+        deleted: false,
+        create_revision: kv.create_revision,
+        version: kv.version,
+        lease: kv.lease,
+        value: kv.value,
+        key: kv.key,
+    }
+}
+
+/// The source's leases with their granted TTL and remaining time, plus an expired stand-in for
+/// each lease in `named` the source no longer has.
+async fn leases(
+    client: &mut LeaseClient<Channel>,
+    named: &BTreeSet<i64>,
+    now_ms: i64,
+) -> Result<Vec<LeaseRow>> {
+    let listed = tokio::time::timeout(WAIT, client.lease_leases(LeaseLeasesRequest {}))
+        .await
+        .map_err(|_| Error::Timeout)??
+        .into_inner()
+        .leases;
+    let mut rows = Vec::with_capacity(listed.len());
+    for status in listed {
+        let ttl = tokio::time::timeout(
+            WAIT,
+            client.lease_time_to_live(LeaseTimeToLiveRequest {
+                id: status.id,
+                keys: false,
+            }),
+        )
+        .await
+        .map_err(|_| Error::Timeout)??
+        .into_inner();
+        // -1: it expired since it was listed.
+        let remaining = ttl.ttl.max(0);
+        rows.push(LeaseRow {
+            id: status.id,
+            ttl: ttl.granted_ttl.max(1),
+            expires_at: now_ms.saturating_add(remaining.saturating_mul(1000)),
+        });
+    }
+    for id in named {
+        if !rows.iter().any(|row| row.id == *id) {
+            rows.push(LeaseRow {
+                id: *id,
+                ttl: 1,
+                expires_at: now_ms,
+            });
+        }
+    }
+    Ok(rows)
+}
