@@ -51,6 +51,9 @@ bounded 2400 cargo test --locked
 bash tests/contended.sh "$rounds" watch_guarantees reads lock_election
 # The tests that state etcd's behaviour, run against real etcd 3.5 itself.
 bash tests/against_etcd.sh lock_election downgrade auth
+# `import --from-etcd` copies bookworm's etcd 3.4 in the runs above; here the newest etcd too.
+ETCDSQL_ETCD_BIN="$(bash conformance/k8s-storage/build.sh | tail -n1)/etcd" \
+    cargo test --locked --test import_etcd
 # The benchmark harness in its smoke size: proves it runs against etcd and etcdsql (no timings
 # are asserted); its tables go to a temporary folder.
 cargo test --locked --bench vs_etcd -- --smoke

@@ -265,3 +265,49 @@ async fn etcd_without_history_imports_its_current_keys() {
     assert_ne!(status, 0, "{text}");
     assert!(text.contains("not empty"), "{text}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_over_tls_with_a_client_certificate() {
+    let pki = common::pki::Pki::new();
+    let etcd = RealEtcd::start_with(Some(&pki)).await;
+    let mut source = etcd.client().await;
+    source.put("/registry/secrets/a", "s", None).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let endpoint = test_endpoint(dir.path());
+    let file = |name: &str| pki.path(name).display().to_string();
+    let (ca, cert, key) = (file("ca.crt"), file("client.crt"), file("client.key"));
+    let import = |extra: &[&str]| {
+        let args = ["--endpoint", &endpoint, "import", "--from-etcd"];
+        etcdsql_tool(&[&args[..], extra].concat())
+    };
+
+    let (status, text) = import(&[&etcd.url]);
+    assert_ne!(status, 0, "{text}");
+    assert!(text.contains("needs --from-etcd-cacert"), "{text}");
+    // etcd asks for a client certificate.
+    let (status, text) = import(&[&etcd.url, "--from-etcd-cacert", &ca]);
+    assert_ne!(status, 0, "{text}");
+    assert!(text.contains("cannot copy etcd at"), "{text}");
+    // HOST:PORT with a CA means https.
+    let host_port = etcd.url.trim_start_matches("https://");
+    let (status, text) = import(&[
+        host_port,
+        "--from-etcd-cacert",
+        &ca,
+        "--from-etcd-cert",
+        &cert,
+        "--from-etcd-key",
+        &key,
+    ]);
+    assert_eq!(status, 0, "the failed tries left the store empty: {text}");
+
+    let server = TestServer::start(dir.path()).await;
+    let got = server
+        .client()
+        .await
+        .get("/registry/secrets/a", None)
+        .await
+        .unwrap();
+    assert_eq!(got.kvs()[0].value(), b"s");
+    server.stop().await;
+}

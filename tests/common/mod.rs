@@ -8,6 +8,8 @@
 
 #![allow(dead_code)]
 
+pub mod pki;
+
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
@@ -354,11 +356,43 @@ pub struct RealEtcd {
     pub url: String,
     child: std::process::Child,
     _dir: tempfile::TempDir,
+    options: Option<etcd_client::ConnectOptions>,
 }
 
 impl RealEtcd {
     pub async fn start() -> Self {
+        Self::start_with(None).await
+    }
+
+    /// With `pki`, clients must come over TLS with a certificate from its CA ("client").
+    pub async fn start_with(pki: Option<&pki::Pki>) -> Self {
         let bin = std::env::var("ETCDSQL_ETCD_BIN").unwrap_or_else(|_| "etcd".into());
+        let (scheme, tls_args, options) = match pki {
+            None => ("http", Vec::new(), None),
+            Some(pki) => {
+                let file = |name: &str| pki.path(name).display().to_string();
+                let args = vec![
+                    "--cert-file".to_owned(),
+                    file("server.crt"),
+                    "--key-file".into(),
+                    file("server.key"),
+                    "--trusted-ca-file".into(),
+                    file("ca.crt"),
+                    "--client-cert-auth".into(),
+                ];
+                let tls = etcd_client::TlsOptions::new()
+                    .ca_certificate(etcd_client::Certificate::from_pem(pki.read("ca.crt")))
+                    .identity(etcd_client::Identity::from_pem(
+                        pki.read("client.crt"),
+                        pki.read("client.key"),
+                    ));
+                (
+                    "https",
+                    args,
+                    Some(etcd_client::ConnectOptions::new().with_tls(tls)),
+                )
+            }
+        };
         // Ports the kernel picks, released for etcd; a start that loses one to another process
         // is tried again on new ones.
         for _ in 0..5 {
@@ -373,9 +407,9 @@ impl RealEtcd {
                 continue;
             }
             let dir = tempfile::tempdir().unwrap();
-            let url = format!("http://127.0.0.1:{client}");
+            let url = format!("{scheme}://127.0.0.1:{client}");
             let peer_url = format!("http://127.0.0.1:{peer}");
-            let mut child = std::process::Command::new(&bin)
+            let child = std::process::Command::new(&bin)
                 .args(["--name", "reference", "--data-dir"])
                 .arg(dir.path().join("data"))
                 .args([
@@ -387,38 +421,44 @@ impl RealEtcd {
                 .args(["--listen-peer-urls", &peer_url])
                 .args(["--initial-advertise-peer-urls", &peer_url])
                 .args(["--initial-cluster", &format!("reference={peer_url}")])
+                .args(&tls_args)
                 .stdin(std::process::Stdio::null())
                 .stdout(std::process::Stdio::null())
                 .stderr(std::process::Stdio::null())
                 .spawn()
                 .unwrap_or_else(|e| panic!("cannot start {bin} (test.sh installs etcd): {e}"));
+            let mut etcd = Self {
+                url,
+                child,
+                _dir: dir,
+                options: options.clone(),
+            };
             let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
             while tokio::time::Instant::now() < deadline {
-                if child.try_wait().ok().flatten().is_some() {
+                if etcd.child.try_wait().ok().flatten().is_some() {
                     break;
                 }
-                let options = etcd_client::ConnectOptions::new()
+                let options = etcd
+                    .options
+                    .clone()
+                    .unwrap_or_default()
                     .with_connect_timeout(Duration::from_secs(1))
                     .with_timeout(Duration::from_secs(2));
-                if let Ok(mut c) = Client::connect([url.clone()], Some(options)).await
+                if let Ok(mut c) = Client::connect([etcd.url.clone()], Some(options)).await
                     && c.get("health-probe", None).await.is_ok()
                 {
-                    return Self {
-                        url,
-                        child,
-                        _dir: dir,
-                    };
+                    return etcd;
                 }
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
-            let _ = child.kill();
-            let _ = child.wait();
+            let _ = etcd.child.kill();
+            let _ = etcd.child.wait();
         }
         panic!("{bin} did not start and answer within 30 s in 5 tries");
     }
 
     pub async fn client(&self) -> Client {
-        Client::connect([self.url.clone()], None)
+        Client::connect([self.url.clone()], self.options.clone())
             .await
             .expect("client connects to etcd")
     }
