@@ -58,6 +58,7 @@ ETCDSQL_ETCD_BIN="$(bash conformance/k8s-storage/build.sh | tail -n1)/etcd" \
 # are asserted); its tables go to a temporary folder.
 cargo test --locked --bench vs_etcd -- --smoke
 cargo test --locked --bench scale -- --smoke --backends sqlite
+cargo test --locked --bench import -- --smoke --backends sqlite
 bash conformance/run.sh etcd
 bash conformance/run.sh etcdsql
 bash conformance/kube-apiserver/run.sh sqlite
