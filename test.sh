@@ -62,6 +62,8 @@ cargo test --locked --bench import -- --smoke --backends sqlite
 bash conformance/run.sh etcd
 bash conformance/run.sh etcdsql
 bash conformance/kube-apiserver/run.sh sqlite
+# A cut-over under a running kube-apiserver: etcd, then its data moved into etcdsql mid-run.
+bash conformance/kube-apiserver/run.sh etcd-to-sqlite
 # Kubernetes 1.36's own storage test suite, against real etcd 3.5 and etcdsql; then a 1.36 API
 # server (apiextensions-apiserver) end to end, on both.
 bash conformance/k8s-storage/run.sh etcd

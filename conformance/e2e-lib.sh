@@ -4,7 +4,9 @@
 #
 # The script sets before sourcing:
 #   E2E_NAME     the scenario's name in its last line ("NAME: N passed, M failed")
-#   BACKEND      sqlite, postgres, mysql or etcd
+#   BACKEND      sqlite, postgres, mysql or etcd; or etcd-to-sqlite: etcd until the store's
+#                first restart, which moves the data into etcdsql (`import --from-etcd
+#                --with-history`) and starts etcdsql on SQLite in etcd's place
 #   WORK         its temporary folder (kept when anything failed)
 #   ETCDSQL_BIN, ETCD_BIN, ETCDCTL_BIN, PG_SERVER (a PostgreSQL server URL, for postgres),
 #   MY_SERVER (a MySQL server URL, for mysql; conformance/mysql.sh sourced)
@@ -141,6 +143,12 @@ STORE_URL=http://127.0.0.1:$STORE_PORT
 API_URL=https://127.0.0.1:$API_PORT
 ETCDCTL=("$ETCDCTL_BIN" --endpoints="$STORE_URL" --dial-timeout=2s --command-timeout=10s)
 
+SWITCH_TO=""
+if [ "$BACKEND" = etcd-to-sqlite ]; then
+    BACKEND=etcd
+    SWITCH_TO=sqlite
+    ENDPOINT="sqlite://$WORK/db/state.db"
+fi
 case "$BACKEND" in
 sqlite) ENDPOINT="sqlite://$WORK/db/state.db" ;;
 postgres)
@@ -168,13 +176,11 @@ esac
 # start_store: etcdsql (or etcd) on STORE_PORT; the same data on every start.
 start_store() {
     echo "--- start $(date +%T)" >>"$STORE_LOG"
+    if [ -n "$SWITCH_TO" ] && [ -d "$WORK/etcd-data" ]; then
+        switch_store
+    fi
     if [ "$BACKEND" = etcd ]; then
-        "$ETCD_BIN" --name default --data-dir "$WORK/etcd-data" \
-            --listen-client-urls "$STORE_URL" --advertise-client-urls "$STORE_URL" \
-            --listen-peer-urls "http://127.0.0.1:$PEER_PORT" \
-            --initial-advertise-peer-urls "http://127.0.0.1:$PEER_PORT" \
-            --initial-cluster "default=http://127.0.0.1:$PEER_PORT" \
-            >>"$STORE_LOG" 2>&1 </dev/null &
+        start_etcd "$STORE_URL"
     else
         "$ETCDSQL_BIN" --endpoint "$ENDPOINT" --listen-client-urls "$STORE_URL" \
             >>"$STORE_LOG" 2>&1 </dev/null &
@@ -190,6 +196,39 @@ start_store() {
 stop_store() {
     stop_pid "$STORE_PID" 20
     STORE_PID=""
+}
+# start_etcd URL: etcd in the background on its data folder, serving clients at URL.
+start_etcd() {
+    "$ETCD_BIN" --name default --data-dir "$WORK/etcd-data" \
+        --listen-client-urls "$1" --advertise-client-urls "$1" \
+        --listen-peer-urls "http://127.0.0.1:$PEER_PORT" \
+        --initial-advertise-peer-urls "http://127.0.0.1:$PEER_PORT" \
+        --initial-cluster "default=http://127.0.0.1:$PEER_PORT" \
+        >>"$STORE_LOG" 2>&1 </dev/null &
+}
+# switch_store: while the store is down, copies etcd's data into etcdsql and makes etcdsql the
+# store from now on. etcd runs on a spare port meanwhile, where the API server cannot write.
+switch_store() {
+    local port url pid status
+    read -r port <<<"$(free_ports 1)"
+    url=http://127.0.0.1:$port
+    start_etcd "$url"
+    pid=$!
+    local deadline=$((SECONDS + 30))
+    until "$ETCDCTL_BIN" --endpoints="$url" --dial-timeout=1s endpoint health >/dev/null 2>&1; do
+        kill -0 "$pid" 2>/dev/null || die "etcd exited while starting for the import"
+        ((SECONDS < deadline)) || die "etcd was not healthy for the import within 30 s"
+        sleep 0.2
+    done
+    status=0
+    timeout 120 "$ETCDSQL_BIN" --endpoint "$ENDPOINT" import --from-etcd "$url" --with-history \
+        >"$WORK/import.log" 2>&1 || status=$?
+    cat "$WORK/import.log" >>"$STORE_LOG"
+    stop_pid "$pid" 20
+    ((status == 0)) || die "import --from-etcd failed (status $status): $(tail -n3 "$WORK/import.log")"
+    ok "etcd's data moved into etcdsql on $SWITCH_TO: $(grep -o 'Imported [0-9]* rows' "$WORK/import.log")"
+    BACKEND=$SWITCH_TO
+    SWITCH_TO=""
 }
 
 store_revision() { "${ETCDCTL[@]}" endpoint status -w json | json 'd[0]["Status"]["header"]["revision"]'; }

@@ -42,8 +42,13 @@ use crate::pb::mvccpb::{KeyValue, event::EventType};
 
 /// Longest the source may take to answer one request or send the next watch response.
 pub const WAIT: Duration = Duration::from_secs(60);
-/// Keys per Range page.
-const PAGE: i64 = 1000;
+/// Keys in the first Range page; later pages aim at [`PAGE_BYTES`].
+const FIRST_PAGE: i64 = 1000;
+/// What a Range page should about weigh. Fewer, larger pages: etcd counts every key left in
+/// the range for each page it answers, so the number of pages multiplies that cost.
+const PAGE_BYTES: usize = 32 * 1024 * 1024;
+/// The most keys per page.
+const MAX_PAGE: i64 = 100_000;
 /// Largest message the source may send (a page of large values).
 const MAX_MESSAGE: usize = 512 * 1024 * 1024;
 
@@ -213,6 +218,7 @@ impl<P: FnMut(u64, u64)> Copy<'_, P> {
         // Keys written at one revision are numbered in key order (the Range's order).
         let mut subs: HashMap<i64, i64> = HashMap::new();
         let mut from = vec![0];
+        let mut limit = FIRST_PAGE;
         loop {
             let page = tokio::time::timeout(
                 WAIT,
@@ -220,7 +226,7 @@ impl<P: FnMut(u64, u64)> Copy<'_, P> {
                     key: from,
                     range_end: vec![0],
                     revision,
-                    limit: PAGE,
+                    limit,
                     ..RangeRequest::default()
                 }),
             )
@@ -233,6 +239,9 @@ impl<P: FnMut(u64, u64)> Copy<'_, P> {
             let Some(last) = page.kvs.last() else { break };
             let mut next = last.key.clone();
             next.push(0);
+            let bytes: usize = page.kvs.iter().map(|kv| kv.key.len() + kv.value.len()).sum();
+            let per_key = (bytes / page.kvs.len()).max(1);
+            limit = ((PAGE_BYTES / per_key) as i64).clamp(1, MAX_PAGE);
             for kv in page.kvs {
                 let sub = subs.entry(kv.mod_revision).or_insert(0);
                 let change = put(kv, *sub);

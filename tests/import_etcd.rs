@@ -158,6 +158,18 @@ async fn replay(c: &mut Client, from: i64, to: i64) -> Vec<String> {
     }
 }
 
+/// Imports the etcd at `url` into `endpoint` with `extra` flags, expecting the store to end at
+/// (compact, current) revisions, and checks the result.
+fn import_and_check(endpoint: &str, url: &str, extra: &[&str], (compact, current): (i64, i64)) {
+    let args = ["--endpoint", endpoint, "import", "--from-etcd", url];
+    let (status, text) = etcdsql_tool(&[&args[..], extra].concat());
+    assert_eq!(status, 0, "{text}");
+    let expected = format!("current revision {current}, compact revision {compact}");
+    assert!(text.contains(&expected), "{text}");
+    let (status, text) = etcdsql_tool(&["check", endpoint]);
+    assert_eq!(status, 0, "{text}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn etcd_with_its_history_imports_and_answers_as_etcd() {
     let etcd = RealEtcd::start().await;
@@ -166,17 +178,12 @@ async fn etcd_with_its_history_imports_and_answers_as_etcd() {
 
     let dir = tempfile::tempdir().unwrap();
     let endpoint = test_endpoint(dir.path());
-    let args = ["--endpoint", &endpoint, "import", "--from-etcd", &etcd.url];
-    let (status, text) = etcdsql_tool(&[&args[..], &["--with-history"]].concat());
-    assert_eq!(status, 0, "{text}");
-    assert!(
-        text.contains(&format!(
-            "current revision {current}, compact revision {compact}"
-        )),
-        "{text}"
+    import_and_check(
+        &endpoint,
+        &etcd.url,
+        &["--with-history"],
+        (compact, current),
     );
-    let (status, text) = etcdsql_tool(&["check", &endpoint]);
-    assert_eq!(status, 0, "{text}");
 
     let server = TestServer::start(dir.path()).await;
     let mut copy = server.client().await;
@@ -236,17 +243,7 @@ async fn etcd_without_history_imports_its_current_keys() {
 
     let dir = tempfile::tempdir().unwrap();
     let endpoint = test_endpoint(dir.path());
-    let (status, text) =
-        etcdsql_tool(&["--endpoint", &endpoint, "import", "--from-etcd", &etcd.url]);
-    assert_eq!(status, 0, "{text}");
-    assert!(
-        text.contains(&format!(
-            "current revision {current}, compact revision {current}"
-        )),
-        "{text}"
-    );
-    let (status, text) = etcdsql_tool(&["check", &endpoint]);
-    assert_eq!(status, 0, "{text}");
+    import_and_check(&endpoint, &etcd.url, &[], (current, current));
 
     let server = TestServer::start(dir.path()).await;
     let mut copy = server.client().await;

@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # End-to-end: a real kube-apiserver (1.20.2, see build.sh) stores its objects in etcdsql.
 #
-#   conformance/kube-apiserver/run.sh [sqlite|postgres|etcd]
+#   conformance/kube-apiserver/run.sh [sqlite|postgres|mysql|etcd|etcd-to-sqlite]
 #
 #   sqlite    etcdsql on a fresh SQLite file (the default)
 #   postgres  etcdsql on a fresh PostgreSQL database etcdsql_kube_<pid> on $ETCDSQL_POSTGRES
 #             (a server URL, default postgres://postgres@127.0.0.1:5432), dropped at the end
 #   etcd      real etcd (Debian's etcd-server) instead: the same scenario as a reference, to
 #             tell an etcdsql bug from a scenario bug
+#   etcd-to-sqlite  a cut-over: real etcd until the store restart, where its data moves into
+#             etcdsql (`import --from-etcd --with-history`, on SQLite), which then serves the
+#             same running kube-apiserver in etcd's place for the rest of the scenario
 #
 # Starts the store and kube-apiserver on free 127.0.0.1 ports (no other traffic), then drives
 # kube-apiserver with kubectl: namespaces, configmaps, secrets, deployments and events; updates,
@@ -27,9 +30,9 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
 BACKEND=${1:-sqlite}
 case "$BACKEND" in
-sqlite | postgres | mysql | etcd) ;;
+sqlite | postgres | mysql | etcd | etcd-to-sqlite) ;;
 *)
-    echo "usage: $0 [sqlite|postgres|mysql|etcd]" >&2
+    echo "usage: $0 [sqlite|postgres|mysql|etcd|etcd-to-sqlite]" >&2
     exit 2
     ;;
 esac
@@ -64,7 +67,8 @@ for tool in python3 curl openssl timeout flock "$ETCDCTL_BIN"; do
     command -v "$tool" >/dev/null 2>&1 || { echo "run.sh: missing tool: $tool" >&2; exit 2; }
 done
 case "$BACKEND" in
-etcd) command -v "$ETCD_BIN" >/dev/null 2>&1 || { echo "run.sh: missing $ETCD_BIN (apt-get install etcd-server)" >&2; exit 2; } ;;
+etcd | etcd-to-sqlite) command -v "$ETCD_BIN" >/dev/null 2>&1 || { echo "run.sh: missing $ETCD_BIN (apt-get install etcd-server)" >&2; exit 2; } ;;&
+etcd) ;;
 *) [ -x "$ETCDSQL_BIN" ] || { echo "run.sh: no etcdsql binary at $ETCDSQL_BIN (cargo build, or set ETCDSQL_BIN)" >&2; exit 2; } ;;
 esac
 if [ "$BACKEND" = postgres ]; then
