@@ -239,7 +239,11 @@ impl<P: FnMut(u64, u64)> Copy<'_, P> {
             let Some(last) = page.kvs.last() else { break };
             let mut next = last.key.clone();
             next.push(0);
-            let bytes: usize = page.kvs.iter().map(|kv| kv.key.len() + kv.value.len()).sum();
+            let bytes: usize = page
+                .kvs
+                .iter()
+                .map(|kv| kv.key.len() + kv.value.len())
+                .sum();
             let per_key = (bytes / page.kvs.len()).max(1);
             limit = ((PAGE_BYTES / per_key) as i64).clamp(1, MAX_PAGE);
             for kv in page.kvs {

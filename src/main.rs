@@ -203,6 +203,8 @@ async fn import(
             (imported, name)
         }
     };
+    // The source's total was an estimate: the last line says where the copy really ended.
+    progress.report(imported.rows, imported.rows);
     eprintln!("import: writing {} rows into {endpoint}", imported.rows);
     backend
         .restore(&file)
