@@ -104,8 +104,7 @@ impl Source {
         };
         let mut endpoint = Endpoint::from_shared(url.clone())
             .map_err(|_| Error::Endpoint(self.endpoint.clone()))?
-            .connect_timeout(Duration::from_secs(10))
-            .timeout(WAIT);
+            .connect_timeout(Duration::from_secs(10));
         if url.starts_with("https://") {
             let ca = self.cacert.as_deref().ok_or(Error::NoCa)?;
             let mut tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(read(ca)?));
@@ -187,14 +186,16 @@ pub async fn to_file(
 
 /// The source's current revision.
 async fn header_revision(kv: &mut KvClient<Channel>) -> Result<i64> {
-    let response = kv
-        .range(RangeRequest {
-            key: vec![0],
-            range_end: vec![0],
-            count_only: true,
-            ..RangeRequest::default()
-        })
-        .await?
+    // Each call has its own deadline (none on the channel: it would also end the watch).
+    let request = RangeRequest {
+        key: vec![0],
+        range_end: vec![0],
+        count_only: true,
+        ..RangeRequest::default()
+    };
+    let response = tokio::time::timeout(WAIT, kv.range(request))
+        .await
+        .map_err(|_| Error::Timeout)??
         .into_inner();
     Ok(response.header.map_or(1, |h| h.revision))
 }
