@@ -15,6 +15,9 @@
 //! order etcd sends them; for the keys read by Range, several keys written at one revision are
 //! numbered in key order, which etcd does not record.
 //!
+//! [`follow`] (`--follow`) then applies the source's later changes through the store's own
+//! write path, one txn per etcd revision, so the store's revisions stay the source's.
+//!
 //! Leases are copied with their granted TTL and their remaining time. A lease a copied key names
 //! that the source no longer lists (revoked or expired after R) is copied as already expired, so
 //! etcdsql's lessor deletes its keys as the source did.
@@ -33,6 +36,7 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity
 
 use crate::backend::LeaseRow;
 use crate::backend::log_file::{Change, Imported, LogFile};
+use crate::mvcc::types::{DeleteRequest, KeyRange, Op, PutRequest, TxnRequest};
 use crate::pb::etcdserverpb::{
     LeaseLeasesRequest, LeaseTimeToLiveRequest, RangeRequest, WatchCreateRequest, WatchRequest,
     WatchResponse, kv_client::KvClient, lease_client::LeaseClient, watch_client::WatchClient,
@@ -77,6 +81,12 @@ pub enum Error {
     CompactedMeanwhile(i64),
     #[error(transparent)]
     Backend(#[from] crate::backend::Error),
+    #[error("the store refused a change from etcd: {0}")]
+    Store(String),
+    #[error(
+        "etcd's revision {etcd} became the store's {store}: something else writes to the store"
+    )]
+    Diverged { etcd: i64, store: i64 },
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
@@ -402,4 +412,210 @@ async fn leases(
         }
     }
     Ok(rows)
+}
+
+/// What `follow` applied.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Followed {
+    /// Revisions applied.
+    pub revisions: u64,
+    /// The store's revision when following stopped: etcd's at that moment.
+    pub revision: i64,
+}
+
+/// How often the store's copies of etcd's leases are renewed while following: no expiry runs
+/// in the tool, but a lease whose deadline passed could not be renewed at the cut-over.
+const LEASE_REFRESH: Duration = Duration::from_secs(1);
+
+/// Keeps applying the source's changes after revision `after` (the revision an import stopped
+/// at) to `store`, one txn per etcd revision, so the store's revisions stay etcd's; leases the
+/// changes name are granted with etcd's id and TTL, and the store's copies of leases etcd still
+/// has are renewed. When `stop` fires it catches up with etcd's revision at that moment, revokes
+/// the leases etcd no longer has (their keys' deletions have come through the watch) and returns.
+///
+/// # Errors
+/// The source fails, or the store takes a revision that is not etcd's (something else writes
+/// to it), or refuses a change.
+pub async fn follow(
+    source: &Source,
+    store: &crate::mvcc::Store,
+    lessor: &crate::lease::Lessor,
+    after: i64,
+    stop: tokio_util::sync::CancellationToken,
+    mut progress: impl FnMut(i64),
+) -> Result<Followed> {
+    let channel = source.connect().await?;
+    let mut kv = KvClient::new(channel.clone());
+    let mut watch = WatchClient::new(channel.clone()).max_decoding_message_size(MAX_MESSAGE);
+    let mut lease = LeaseClient::new(channel);
+    let (requests, outgoing) = mpsc::channel(1);
+    let create = WatchRequest {
+        request_union: Some(RequestUnion::CreateRequest(WatchCreateRequest {
+            key: vec![0],
+            range_end: vec![0],
+            start_revision: after + 1,
+            progress_notify: true,
+            ..WatchCreateRequest::default()
+        })),
+    };
+    requests
+        .send(create)
+        .await
+        .map_err(|_| Error::WatchEnded("the request stream closed".into()))?;
+    let mut responses = tokio::time::timeout(WAIT, watch.watch(ReceiverStream::new(outgoing)))
+        .await
+        .map_err(|_| Error::Timeout)??
+        .into_inner();
+    let mut known: BTreeSet<i64> = store
+        .leases()
+        .await
+        .map_err(store_error)?
+        .value
+        .iter()
+        .map(|l| l.id)
+        .collect();
+    let mut followed = Followed {
+        revisions: 0,
+        revision: after,
+    };
+    let mut refresh = tokio::time::interval(LEASE_REFRESH);
+    // Set once `stop` fires: etcd's revision then, which following must reach before it ends,
+    // and the leases etcd held just before (read first: a lease revoked before the list has
+    // its keys' deletions at or below that revision).
+    let mut last: Option<i64> = None;
+    let mut held = BTreeSet::new();
+    // While catching up after `stop`, each watch response must come within WAIT.
+    let mut deadline = tokio::time::Instant::now();
+    while last.is_none_or(|target| followed.revision < target) {
+        let response = tokio::select! {
+            () = stop.cancelled(), if last.is_none() => {
+                held = etcd_leases(&mut lease).await?;
+                last = Some(header_revision(&mut kv).await?);
+                deadline = tokio::time::Instant::now() + WAIT;
+                continue;
+            }
+            () = tokio::time::sleep_until(deadline), if last.is_some() => {
+                return Err(Error::Timeout);
+            }
+            _ = refresh.tick() => {
+                let now_held = etcd_leases(&mut lease).await?;
+                for id in known.intersection(&now_held) {
+                    lessor.keep_alive(*id).await.map_err(store_error)?;
+                }
+                continue;
+            }
+            // etcd's progress notifications (every 10 minutes) keep an idle watch within WAIT
+            // only when WAIT is longer; an idle source is normal here, so no deadline.
+            response = responses.next() => response,
+        };
+        let response: WatchResponse =
+            response.ok_or_else(|| Error::WatchEnded("the stream closed".into()))??;
+        deadline = tokio::time::Instant::now() + WAIT;
+        if response.canceled || response.compact_revision > 0 {
+            return Err(Error::WatchEnded(response.cancel_reason));
+        }
+        for group in response
+            .events
+            .chunk_by(|a, b| revision_of(a) == revision_of(b))
+        {
+            let revision = revision_of(&group[0]);
+            let mut ops = Vec::with_capacity(group.len());
+            for event in group {
+                let Some(kv) = &event.kv else { continue };
+                if event.r#type == EventType::Delete as i32 {
+                    ops.push(Op::Delete(DeleteRequest {
+                        range: KeyRange::from_etcd(kv.key.clone(), Vec::new()),
+                        prev_kv: false,
+                    }));
+                    continue;
+                }
+                if kv.lease != 0 && known.insert(kv.lease) {
+                    grant_like_etcd(&mut lease, lessor, kv.lease).await?;
+                }
+                ops.push(Op::Put(PutRequest {
+                    key: kv.key.clone(),
+                    value: Some(kv.value.clone()),
+                    lease: Some(kv.lease),
+                    prev_kv: false,
+                }));
+            }
+            let applied = store
+                .txn(TxnRequest {
+                    compares: Vec::new(),
+                    success: ops,
+                    failure: Vec::new(),
+                })
+                .await
+                .map_err(store_error)?;
+            if applied.revision != revision {
+                return Err(Error::Diverged {
+                    etcd: revision,
+                    store: applied.revision,
+                });
+            }
+            followed.revision = revision;
+            followed.revisions += 1;
+        }
+        progress(followed.revision);
+    }
+    drop(requests);
+    // Caught up: the keys of the leases etcd no longer holds are gone already, so revoking the
+    // copies writes no revision.
+    revoke_gone(lessor, &mut known, &held).await?;
+    Ok(followed)
+}
+
+fn revision_of(event: &crate::pb::mvccpb::Event) -> i64 {
+    event.kv.as_ref().map_or(0, |kv| kv.mod_revision)
+}
+
+fn store_error(e: crate::mvcc::Error) -> Error {
+    Error::Store(e.to_string())
+}
+
+/// The ids of the leases the source holds now.
+async fn etcd_leases(client: &mut LeaseClient<Channel>) -> Result<BTreeSet<i64>> {
+    let listed = tokio::time::timeout(WAIT, client.lease_leases(LeaseLeasesRequest {}))
+        .await
+        .map_err(|_| Error::Timeout)??
+        .into_inner()
+        .leases;
+    Ok(listed.into_iter().map(|l| l.id).collect())
+}
+
+/// Grants lease `id` in the store with the TTL etcd granted it (1 s if etcd no longer has it:
+/// its keys' deletions follow in the watch).
+async fn grant_like_etcd(
+    client: &mut LeaseClient<Channel>,
+    lessor: &crate::lease::Lessor,
+    id: i64,
+) -> Result<()> {
+    let ttl = tokio::time::timeout(
+        WAIT,
+        client.lease_time_to_live(LeaseTimeToLiveRequest { id, keys: false }),
+    )
+    .await
+    .map_err(|_| Error::Timeout)??
+    .into_inner();
+    match lessor.grant(id, ttl.granted_ttl.max(1)).await {
+        Ok(_) | Err(crate::mvcc::Error::LeaseExists) => Ok(()),
+        Err(e) => Err(store_error(e)),
+    }
+}
+
+/// Revokes the store's copies of leases etcd no longer holds.
+async fn revoke_gone(
+    lessor: &crate::lease::Lessor,
+    known: &mut BTreeSet<i64>,
+    held: &BTreeSet<i64>,
+) -> Result<()> {
+    let gone: Vec<i64> = known.difference(held).copied().collect();
+    for id in gone {
+        match lessor.revoke(id).await {
+            Ok(_) | Err(crate::mvcc::Error::LeaseNotFound) => {}
+            Err(e) => return Err(store_error(e)),
+        }
+        known.remove(&id);
+    }
+    Ok(())
 }

@@ -1,4 +1,5 @@
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Parser;
@@ -52,6 +53,11 @@ enum Command {
         /// and watches from them answer as on etcd.
         #[arg(long, requires = "from_etcd")]
         with_history: bool,
+        /// After the copy, keep applying etcd's changes to the store until SIGTERM or ctrl-c,
+        /// then catch up with etcd and stop: stop etcd's writers, wait for this to exit, start
+        /// etcdsql and point the writers at it.
+        #[arg(long, requires = "from_etcd")]
+        follow: bool,
         /// The CA certificate that signed etcd's server certificate (makes HOST:PORT https).
         #[arg(long, value_name = "FILE", requires = "from_etcd")]
         from_etcd_cacert: Option<PathBuf>,
@@ -120,6 +126,7 @@ async fn run_tool(config: &etcdsql::Config, command: Command) -> anyhow::Result<
             from_kine,
             from_etcd,
             with_history,
+            follow,
             from_etcd_cacert,
             from_etcd_cert,
             from_etcd_key,
@@ -134,6 +141,7 @@ async fn run_tool(config: &etcdsql::Config, command: Command) -> anyhow::Result<
                         key: from_etcd_key,
                     },
                     with_history,
+                    follow,
                 ),
                 (None, None) => unreachable!("clap requires one source"),
             };
@@ -167,8 +175,8 @@ async fn run_tool(config: &etcdsql::Config, command: Command) -> anyhow::Result<
 /// Where `import` copies from.
 enum Source {
     Kine(String),
-    /// The etcd, and whether its history comes too.
-    Etcd(etcdsql::import::Source, bool),
+    /// The etcd, whether its history comes too, and whether to follow it afterwards.
+    Etcd(etcdsql::import::Source, bool, bool),
 }
 
 /// `import`: the source into a backup file, then that file into the store.
@@ -195,7 +203,7 @@ async fn import(
                 .with_context(|| format!("cannot read kine's rows from {name}"))?;
             (imported, name)
         }
-        Source::Etcd(from, with_history) => {
+        Source::Etcd(from, with_history, _) => {
             let name = from.endpoint.clone();
             let imported = etcdsql::import::to_file(from, &file, *with_history, now_ms, report)
                 .await
@@ -220,6 +228,55 @@ async fn import(
         imported.rows as f64 / seconds.max(0.001),
         imported.current_revision,
         imported.compact_revision
+    );
+    if let Source::Etcd(from, _, true) = &source {
+        follow(backend, from, imported.current_revision).await?;
+    }
+    Ok(())
+}
+
+/// `import --follow`: etcd's changes after `after` into the store until a signal, through the
+/// store's own write path.
+async fn follow(
+    backend: &std::sync::Arc<dyn etcdsql::backend::Backend>,
+    from: &etcdsql::import::Source,
+    after: i64,
+) -> anyhow::Result<()> {
+    let tasks = tokio_util::task::TaskTracker::new();
+    let shutdown = CancellationToken::new();
+    let store = etcdsql::mvcc::Store::start(
+        backend.clone(),
+        etcdsql::mvcc::StoreOptions::default(),
+        &tasks,
+        shutdown.clone(),
+    )
+    .await
+    .context("cannot open the store to follow etcd")?;
+    let lessor = etcdsql::lease::Lessor::new(store.clone(), Arc::new(etcdsql::lease::SystemClock));
+    let stop = CancellationToken::new();
+    let signal = stop.clone();
+    tokio::spawn(async move {
+        wait_for_signal().await;
+        signal.cancel();
+    });
+    eprintln!("follow: applying etcd's changes after revision {after}; SIGTERM or ctrl-c stops");
+    let mut last_report = std::time::Instant::now();
+    let followed = etcdsql::import::follow(from, &store, &lessor, after, stop, |revision| {
+        if last_report.elapsed() >= std::time::Duration::from_secs(5) {
+            last_report = std::time::Instant::now();
+            eprintln!("follow: at etcd's revision {revision}");
+        }
+    })
+    .await;
+    shutdown.cancel();
+    tasks.close();
+    tasks.wait().await;
+    let followed =
+        followed.with_context(|| format!("following etcd at {} failed", from.endpoint))?;
+    println!(
+        "Followed etcd through revision {} ({} revisions applied); the store is at etcd's \
+         revision and ready to serve",
+        followed.revision, followed.revisions
     );
     Ok(())
 }

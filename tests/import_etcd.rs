@@ -308,3 +308,124 @@ async fn etcd_over_tls_with_a_client_certificate() {
     assert_eq!(got.kvs()[0].value(), b"s");
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn follow_keeps_applying_etcds_changes_until_stopped() {
+    let etcd = RealEtcd::start().await;
+    let mut source = etcd.client().await;
+    let (compact, _) = history(&mut source).await;
+    let dir = tempfile::tempdir().unwrap();
+    let endpoint = test_endpoint(dir.path());
+    let log = dir.path().join("follow.log");
+    let bin =
+        std::env::var("ETCDSQL_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_etcdsql").to_owned());
+    let mut child = std::process::Command::new(bin)
+        .args(["--log-level", "error", "--endpoint", &endpoint, "import"])
+        .args(["--from-etcd", &etcd.url, "--with-history", "--follow"])
+        .stdout(std::fs::File::create(dir.path().join("follow.out")).unwrap())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    while !std::fs::read_to_string(&log)
+        .unwrap()
+        .contains("follow: applying")
+    {
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the import ended early"
+        );
+        assert!(
+            started.elapsed().as_secs() < 60,
+            "not following within 60 s"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+
+    // Changes after the copy: puts, a txn, a range delete, a lease granted after the copy with
+    // a key on it, and a lease revoked while followed.
+    let fresh = source.lease_grant(300, None).await.unwrap().id();
+    let brief = source.lease_grant(300, None).await.unwrap().id();
+    source
+        .put(
+            "/registry/followed",
+            "1",
+            Some(PutOptions::new().with_lease(fresh)),
+        )
+        .await
+        .unwrap();
+    source
+        .put(
+            "/registry/brief",
+            "1",
+            Some(PutOptions::new().with_lease(brief)),
+        )
+        .await
+        .unwrap();
+    source
+        .txn(Txn::new().and_then(vec![
+            TxnOp::put(pod(1), "v4", None),
+            TxnOp::delete(pod(2), None),
+            TxnOp::put(
+                "/registry/followed",
+                "2",
+                Some(PutOptions::new().with_lease(fresh)),
+            ),
+        ]))
+        .await
+        .unwrap();
+    source
+        .delete(
+            pod(100),
+            Some(etcd_client::DeleteOptions::new().with_range(pod(110))),
+        )
+        .await
+        .unwrap();
+    source.lease_revoke(brief).await.unwrap();
+    let current = source.put(pod(3), "last", None).await.unwrap();
+    let current = current.header().unwrap().revision();
+
+    // SAFETY: a plain signal to a child this test started.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let started = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            started.elapsed().as_secs() < 60,
+            "follow did not stop within 60 s"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
+    let out = std::fs::read_to_string(dir.path().join("follow.out")).unwrap()
+        + &std::fs::read_to_string(&log).unwrap();
+    assert!(status.success(), "{out}");
+    assert!(
+        out.contains(&format!("Followed etcd through revision {current}")),
+        "{out}"
+    );
+    let (status, text) = etcdsql_tool(&["check", &endpoint]);
+    assert_eq!(status, 0, "{text}");
+
+    let server = TestServer::start(dir.path()).await;
+    let mut copy = server.client().await;
+    for revision in compact..=current {
+        let expected = all_at(&mut source, revision).await;
+        assert_eq!(all_at(&mut copy, revision).await, expected, "at {revision}");
+    }
+    let expected = replay(&mut source, compact + 1, current).await;
+    assert_eq!(replay(&mut copy, compact + 1, current).await, expected);
+    let ids = |r: etcd_client::LeaseLeasesResponse| -> Vec<i64> {
+        let mut ids: Vec<i64> = r.leases().iter().map(|l| l.id()).collect();
+        ids.sort_unstable();
+        ids
+    };
+    assert_eq!(
+        ids(copy.leases().await.unwrap()),
+        ids(source.leases().await.unwrap())
+    );
+    let ttl = copy.lease_time_to_live(fresh, None).await.unwrap();
+    assert_eq!(ttl.granted_ttl(), 300);
+    server.stop().await;
+}
