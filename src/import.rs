@@ -87,6 +87,8 @@ pub enum Error {
         "etcd's revision {etcd} became the store's {store}: something else writes to the store"
     )]
     Diverged { etcd: i64, store: i64 },
+    #[error("the etcd to export into holds {0} keys already; export writes only into an empty one")]
+    TargetNotEmpty(i64),
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
@@ -104,7 +106,7 @@ pub struct Source {
 }
 
 impl Source {
-    async fn connect(&self) -> Result<Channel> {
+    pub(crate) async fn connect(&self) -> Result<Channel> {
         let url = if self.endpoint.contains("://") {
             self.endpoint.clone()
         } else if self.cacert.is_some() {
@@ -569,7 +571,7 @@ fn revision_of(event: &crate::pb::mvccpb::Event) -> i64 {
     event.kv.as_ref().map_or(0, |kv| kv.mod_revision)
 }
 
-fn store_error(e: crate::mvcc::Error) -> Error {
+pub(crate) fn store_error(e: crate::mvcc::Error) -> Error {
     Error::Store(e.to_string())
 }
 

@@ -19,7 +19,8 @@
 //! - [`compat`]: repairs what old etcd clients send that Rust's HTTP/2 stack would refuse.
 //! - [`snapshot`]: snapshots and backups (a SQLite file and its checksum), and restoring them.
 //! - [`import`]: reading a running etcd over its API into the backup format (`import
-//!   --from-etcd`); kine's databases are read by `backend::kine`.
+//!   --from-etcd`) and following it; kine's databases are read by `backend::kine`. [`export`]
+//!   writes the store's keys back into an empty etcd.
 //! - [`config`]: the command line.
 //! - [`metrics`]: Prometheus metrics under etcd's names, a gRPC layer and a backend decorator
 //!   that feed them.
@@ -30,6 +31,7 @@ pub mod backend;
 pub mod compat;
 pub mod concurrency;
 pub mod config;
+pub mod export;
 pub mod import;
 pub mod lease;
 pub mod listener;

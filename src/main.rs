@@ -68,6 +68,22 @@ enum Command {
         #[arg(long, value_name = "FILE", requires = "from_etcd_cert")]
         from_etcd_key: Option<PathBuf>,
     },
+    /// Writes the store's current keys and leases into an empty etcd, in the order they were
+    /// last written. etcd gives them new revisions: clients must relist afterwards.
+    Export {
+        /// The etcd to write into: `http://HOST:PORT`, `https://HOST:PORT` or `HOST:PORT`.
+        #[arg(long, value_name = "URL")]
+        to_etcd: String,
+        /// The CA certificate that signed etcd's server certificate (makes HOST:PORT https).
+        #[arg(long, value_name = "FILE")]
+        to_etcd_cacert: Option<PathBuf>,
+        /// A client certificate for etcd (with --to-etcd-key).
+        #[arg(long, value_name = "FILE", requires = "to_etcd_key")]
+        to_etcd_cert: Option<PathBuf>,
+        /// The client certificate's private key.
+        #[arg(long, value_name = "FILE", requires = "to_etcd_cert")]
+        to_etcd_key: Option<PathBuf>,
+    },
 }
 
 #[tokio::main]
@@ -149,6 +165,22 @@ async fn run_tool(config: &etcdsql::Config, command: Command) -> anyhow::Result<
             backend.close().await;
             return imported;
         }
+        Command::Export {
+            to_etcd,
+            to_etcd_cacert,
+            to_etcd_cert,
+            to_etcd_key,
+        } => {
+            let target = etcdsql::import::Source {
+                endpoint: to_etcd,
+                cacert: to_etcd_cacert,
+                cert: to_etcd_cert,
+                key: to_etcd_key,
+            };
+            let exported = export(&backend, &target, &endpoint).await;
+            backend.close().await;
+            return exported;
+        }
         Command::Check { .. } => {
             let report = backend.check().await;
             backend.close().await;
@@ -193,7 +225,7 @@ async fn import(
     let now_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as i64);
-    let mut progress = Progress::new();
+    let mut progress = Progress::new("changes read");
     let report = |rows, total| progress.report(rows, total);
     let (imported, name) = match &source {
         Source::Kine(from) => {
@@ -242,16 +274,8 @@ async fn follow(
     from: &etcdsql::import::Source,
     after: i64,
 ) -> anyhow::Result<()> {
-    let tasks = tokio_util::task::TaskTracker::new();
-    let shutdown = CancellationToken::new();
-    let store = etcdsql::mvcc::Store::start(
-        backend.clone(),
-        etcdsql::mvcc::StoreOptions::default(),
-        &tasks,
-        shutdown.clone(),
-    )
-    .await
-    .context("cannot open the store to follow etcd")?;
+    let running = ToolStore::start(backend).await?;
+    let store = &running.store;
     let lessor = etcdsql::lease::Lessor::new(store.clone(), Arc::new(etcdsql::lease::SystemClock));
     let stop = CancellationToken::new();
     let signal = stop.clone();
@@ -261,16 +285,14 @@ async fn follow(
     });
     eprintln!("follow: applying etcd's changes after revision {after}; SIGTERM or ctrl-c stops");
     let mut last_report = std::time::Instant::now();
-    let followed = etcdsql::import::follow(from, &store, &lessor, after, stop, |revision| {
+    let followed = etcdsql::import::follow(from, store, &lessor, after, stop, |revision| {
         if last_report.elapsed() >= std::time::Duration::from_secs(5) {
             last_report = std::time::Instant::now();
             eprintln!("follow: at etcd's revision {revision}");
         }
     })
     .await;
-    shutdown.cancel();
-    tasks.close();
-    tasks.wait().await;
+    running.stop().await;
     let followed =
         followed.with_context(|| format!("following etcd at {} failed", from.endpoint))?;
     println!(
@@ -281,18 +303,87 @@ async fn follow(
     Ok(())
 }
 
+/// The store's write path in a tool process: the writer and compactor tasks, no server.
+struct ToolStore {
+    store: etcdsql::mvcc::Store,
+    tasks: tokio_util::task::TaskTracker,
+    shutdown: CancellationToken,
+}
+
+impl ToolStore {
+    async fn start(backend: &Arc<dyn etcdsql::backend::Backend>) -> anyhow::Result<Self> {
+        let tasks = tokio_util::task::TaskTracker::new();
+        let shutdown = CancellationToken::new();
+        let store = etcdsql::mvcc::Store::start(
+            backend.clone(),
+            etcdsql::mvcc::StoreOptions::default(),
+            &tasks,
+            shutdown.clone(),
+        )
+        .await
+        .context("cannot open the store")?;
+        Ok(Self {
+            store,
+            tasks,
+            shutdown,
+        })
+    }
+
+    /// Lets the writer finish what it has and waits for its tasks.
+    async fn stop(self) {
+        self.shutdown.cancel();
+        self.tasks.close();
+        self.tasks.wait().await;
+    }
+}
+
+/// `export --to-etcd`: the store's live keys and leases into an empty etcd.
+async fn export(
+    backend: &Arc<dyn etcdsql::backend::Backend>,
+    target: &etcdsql::import::Source,
+    endpoint: &str,
+) -> anyhow::Result<()> {
+    let running = ToolStore::start(backend).await?;
+    let started = std::time::Instant::now();
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64);
+    let mut progress = Progress::new("keys written");
+    let exported = etcdsql::export::to_etcd(&running.store, target, now_ms, |done, total| {
+        progress.report(done, total)
+    })
+    .await;
+    running.stop().await;
+    let exported =
+        exported.with_context(|| format!("cannot export into etcd at {}", target.endpoint))?;
+    println!(
+        "Exported {} keys and {} leases from {endpoint} (revision {}) into etcd at {} in {:.1} s: \
+         etcd is at its own revision {}, so clients must relist",
+        exported.keys,
+        exported.leases,
+        exported.from_revision,
+        target.endpoint,
+        started.elapsed().as_secs_f64(),
+        exported.to_revision
+    );
+    Ok(())
+}
+
 /// Progress of a long copy: on a terminal one line rewritten in place, otherwise a plain line
 /// every few seconds (logs).
 struct Progress {
+    /// What is counted, e.g. "changes read".
+    what: &'static str,
     started: std::time::Instant,
     last: Option<std::time::Instant>,
     terminal: bool,
 }
 
 impl Progress {
-    fn new() -> Self {
+    fn new(what: &'static str) -> Self {
         use std::io::IsTerminal;
         Self {
+            what,
             started: std::time::Instant::now(),
             last: None,
             terminal: std::io::stderr().is_terminal(),
@@ -313,7 +404,8 @@ impl Progress {
             0.0
         };
         let line = format!(
-            "import: {done} of {total} changes read ({:.0}%), {rate:.0}/s, about {eta:.0} s left",
+            "{done} of {total} {} ({:.0}%), {rate:.0}/s, about {eta:.0} s left",
+            self.what,
             100.0 * done as f64 / total.max(1) as f64
         );
         if self.terminal {
