@@ -31,6 +31,9 @@ async fn history(c: &mut Client) -> (i64, i64) {
             .collect();
         c.txn(Txn::new().and_then(puts)).await.unwrap();
     }
+    // An earlier compaction: only the last one's revision counts.
+    let first = c.get("k", None).await.unwrap().header().unwrap().revision();
+    c.compact(first, None).await.unwrap();
     let keep = c.lease_grant(600, None).await.unwrap().id();
     let doomed = c.lease_grant(600, None).await.unwrap().id();
     // Before the compaction only the tail of the first txn changes: the Range that copies the
@@ -427,5 +430,72 @@ async fn follow_keeps_applying_etcds_changes_until_stopped() {
     );
     let ttl = copy.lease_time_to_live(fresh, None).await.unwrap();
     assert_eq!(ttl.granted_ttl(), 300);
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_run_out_when_they_would_have_on_etcd() {
+    let etcd = RealEtcd::start().await;
+    let mut source = etcd.client().await;
+    let lease = source.lease_grant(8, None).await.unwrap().id();
+    source
+        .put(
+            "/registry/short",
+            "x",
+            Some(PutOptions::new().with_lease(lease)),
+        )
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let endpoint = test_endpoint(dir.path());
+    let current = source
+        .get("k", None)
+        .await
+        .unwrap()
+        .header()
+        .unwrap()
+        .revision();
+    import_and_check(&endpoint, &etcd.url, &[], (current, current));
+    let server = TestServer::start(dir.path()).await;
+    let mut copy = server.client().await;
+    let (ours, theirs) = (
+        copy.lease_time_to_live(lease, None).await.unwrap(),
+        source.lease_time_to_live(lease, None).await.unwrap(),
+    );
+    assert_eq!(ours.granted_ttl(), theirs.granted_ttl());
+    assert!(
+        (ours.ttl() - theirs.ttl()).abs() <= 1,
+        "{} vs {}",
+        ours.ttl(),
+        theirs.ttl()
+    );
+
+    // Both delete the key when the lease runs out, etcdsql within seconds of etcd (its expiry
+    // loop and etcd's both poll).
+    let gone = |c: &mut etcd_client::Client| {
+        let mut c = c.clone();
+        async move {
+            c.get("/registry/short", None)
+                .await
+                .unwrap()
+                .kvs()
+                .is_empty()
+        }
+    };
+    let started = std::time::Instant::now();
+    while !gone(&mut source).await {
+        assert!(started.elapsed().as_secs() < 30, "etcd kept the key 30 s");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let on_etcd = started.elapsed();
+    while !gone(&mut copy).await {
+        assert!(
+            started.elapsed().as_secs() < 30,
+            "etcdsql kept the key 30 s"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let late = started.elapsed().as_secs_f64() - on_etcd.as_secs_f64();
+    assert!(late < 5.0, "etcdsql deleted the key {late:.1} s after etcd");
     server.stop().await;
 }
