@@ -58,14 +58,15 @@ enum Command {
         /// etcdsql and point the writers at it.
         #[arg(long, requires = "from_etcd")]
         follow: bool,
-        /// The CA certificate that signed etcd's server certificate (makes HOST:PORT https).
-        #[arg(long, value_name = "FILE", requires = "from_etcd")]
+        /// The CA certificate that signed etcd's server certificate (makes HOST:PORT https);
+        /// also `--cacert`, as etcdctl names it.
+        #[arg(long, alias = "cacert", value_name = "FILE", requires = "from_etcd")]
         from_etcd_cacert: Option<PathBuf>,
-        /// A client certificate for etcd (with --from-etcd-key).
-        #[arg(long, value_name = "FILE", requires_all = ["from_etcd", "from_etcd_key"])]
+        /// A client certificate for etcd (with --from-etcd-key); also `--cert`.
+        #[arg(long, alias = "cert", value_name = "FILE", requires_all = ["from_etcd", "from_etcd_key"])]
         from_etcd_cert: Option<PathBuf>,
-        /// The client certificate's private key.
-        #[arg(long, value_name = "FILE", requires = "from_etcd_cert")]
+        /// The client certificate's private key; also `--key`.
+        #[arg(long, alias = "key", value_name = "FILE", requires = "from_etcd_cert")]
         from_etcd_key: Option<PathBuf>,
     },
     /// Writes the store's current keys and leases into an empty etcd, in the order they were
@@ -74,14 +75,15 @@ enum Command {
         /// The etcd to write into: `http://HOST:PORT`, `https://HOST:PORT` or `HOST:PORT`.
         #[arg(long, value_name = "URL")]
         to_etcd: String,
-        /// The CA certificate that signed etcd's server certificate (makes HOST:PORT https).
-        #[arg(long, value_name = "FILE")]
+        /// The CA certificate that signed etcd's server certificate (makes HOST:PORT https);
+        /// also `--cacert`, as etcdctl names it.
+        #[arg(long, alias = "cacert", value_name = "FILE")]
         to_etcd_cacert: Option<PathBuf>,
-        /// A client certificate for etcd (with --to-etcd-key).
-        #[arg(long, value_name = "FILE", requires = "to_etcd_key")]
+        /// A client certificate for etcd (with --to-etcd-key); also `--cert`.
+        #[arg(long, alias = "cert", value_name = "FILE", requires = "to_etcd_key")]
         to_etcd_cert: Option<PathBuf>,
-        /// The client certificate's private key.
-        #[arg(long, value_name = "FILE", requires = "to_etcd_cert")]
+        /// The client certificate's private key; also `--key`.
+        #[arg(long, alias = "key", value_name = "FILE", requires = "to_etcd_cert")]
         to_etcd_key: Option<PathBuf>,
     },
 }
@@ -245,9 +247,14 @@ async fn import(
     };
     // The source's total was an estimate: the last line says where the copy really ended.
     progress.report(imported.rows, imported.rows);
-    eprintln!("import: writing {} rows into {endpoint}", imported.rows);
+    let writing = std::sync::Mutex::new(Progress::new("rows written into the store"));
+    let copied = |rows| {
+        if let Ok(mut progress) = writing.lock() {
+            progress.report(rows, imported.rows);
+        }
+    };
     backend
-        .restore(&file)
+        .restore(&file, &copied)
         .await
         .with_context(|| format!("cannot write into {endpoint}"))?;
     let seconds = started.elapsed().as_secs_f64();

@@ -1134,8 +1134,12 @@ impl Backend for InstrumentedBackend {
         timed(&self.metrics, "backup", self.inner.backup(dest)).await
     }
 
-    async fn restore(&self, source: &std::path::Path) -> backend::Result<()> {
-        timed(&self.metrics, "restore", self.inner.restore(source)).await
+    async fn restore(
+        &self,
+        source: &std::path::Path,
+        copied: backend::Copied<'_>,
+    ) -> backend::Result<()> {
+        timed(&self.metrics, "restore", self.inner.restore(source, copied)).await
     }
 
     async fn auth(&self) -> backend::Result<backend::AuthRecords> {

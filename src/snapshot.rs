@@ -115,7 +115,7 @@ pub async fn restore(backend: &Arc<dyn Backend>, snapshot: &Path) -> Result<(), 
         .tempdir()
         .map_err(io(Path::new("a temporary folder")))?;
     let database = unpack(snapshot, dir.path())?;
-    backend.restore(&database).await?;
+    backend.restore(&database, &|_| {}).await?;
     Ok(())
 }
 

@@ -290,15 +290,8 @@ async fn etcd_over_tls_with_a_client_certificate() {
     assert!(text.contains("cannot copy etcd at"), "{text}");
     // HOST:PORT with a CA means https.
     let host_port = etcd.url.trim_start_matches("https://");
-    let (status, text) = import(&[
-        host_port,
-        "--from-etcd-cacert",
-        &ca,
-        "--from-etcd-cert",
-        &cert,
-        "--from-etcd-key",
-        &key,
-    ]);
+    // etcdctl's names for the TLS flags work too.
+    let (status, text) = import(&[host_port, "--cacert", &ca, "--cert", &cert, "--key", &key]);
     assert_eq!(status, 0, "the failed tries left the store empty: {text}");
 
     let server = TestServer::start(dir.path()).await;

@@ -18,7 +18,7 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection, SqlitePool, SqlitePoo
 use sqlx::{AssertSqlSafe, MySql, Postgres, QueryBuilder, Sqlite};
 
 use super::core::number_placeholders;
-use super::{Error, Result};
+use super::{Copied, Error, Result};
 
 /// Rows per multi-row INSERT (13 parameters each: under SQLite's oldest limit of 999).
 const CHUNK: usize = 64;
@@ -127,9 +127,10 @@ fn anonymous(sql: &'static str) -> AssertSqlSafe<Cow<'static, str>> {
 /// One typed copy loop per direction: `$from_sql` and `$to_sql` spell the statements for the
 /// source and the target, `$upsert` is the target's upsert of a meta row.
 macro_rules! copy_all {
-    ($from:expr, $from_sql:expr, $to:expr, $to_db:ty, $to_sql:expr, $upsert:expr) => {{
+    ($from:expr, $from_sql:expr, $to:expr, $to_db:ty, $to_sql:expr, $upsert:expr, $copied:expr) => {{
         let (from, to) = ($from, $to);
         let mut after = (0_i64, -1_i64);
+        let mut copied_rows = 0_u64;
         loop {
             let rows: Vec<LogRecord> = sqlx::query_as($from_sql(SELECT_LOG))
                 .bind(after.0)
@@ -158,6 +159,8 @@ macro_rules! copy_all {
                 });
                 insert.build().execute(&mut *to).await?;
             }
+            copied_rows += rows.len() as u64;
+            $copied(copied_rows);
         }
         let leases: Vec<LeaseRecord> = sqlx::query_as(SELECT_LEASES).fetch_all(&mut *from).await?;
         for chunk in leases.chunks(CHUNK) {
@@ -201,7 +204,8 @@ macro_rules! store_to_file {
             &mut *file,
             Sqlite,
             anonymous,
-            UPSERT_META
+            UPSERT_META,
+            |_| {}
         );
         sqlx::query("COMMIT").execute(&mut *file).await?;
         drop(file);
@@ -213,11 +217,19 @@ macro_rules! store_to_file {
 /// Copies the backup at `$source` into the empty store on `$target` (a transaction of database
 /// `$db`, statements spelled by `$spell`, meta rows written by `$upsert`).
 macro_rules! file_to_store {
-    ($source:expr, $target:expr, $db:ty, $spell:expr, $upsert:expr) => {{
+    ($source:expr, $target:expr, $db:ty, $spell:expr, $upsert:expr, $copied:expr) => {{
         ensure_empty!($target);
         let pool = open_file($source).await?;
         let mut file = pool.acquire().await?;
-        copy_all!(&mut *file, anonymous, &mut *$target, $db, $spell, $upsert);
+        copy_all!(
+            &mut *file,
+            anonymous,
+            &mut *$target,
+            $db,
+            $spell,
+            $upsert,
+            $copied
+        );
         drop(file);
         pool.close().await;
         Ok(())
@@ -238,18 +250,30 @@ pub(super) async fn mysql_to_file(snapshot: &mut sqlx::MySqlConnection, dest: &P
 
 /// Copies the backup at `source` into the PostgreSQL store `target` (a transaction), which
 /// must be empty.
-pub(super) async fn file_to_postgres(source: &Path, target: &mut sqlx::PgConnection) -> Result<()> {
-    file_to_store!(source, target, Postgres, numbered, UPSERT_META)
+pub(super) async fn file_to_postgres(
+    source: &Path,
+    target: &mut sqlx::PgConnection,
+    copied: Copied<'_>,
+) -> Result<()> {
+    file_to_store!(source, target, Postgres, numbered, UPSERT_META, copied)
 }
 
 /// Copies the backup at `source` into the SQLite store on `target` (a transaction), which must
 /// be empty.
-pub(super) async fn file_to_sqlite(source: &Path, target: &mut SqliteConnection) -> Result<()> {
-    file_to_store!(source, target, Sqlite, anonymous, UPSERT_META)
+pub(super) async fn file_to_sqlite(
+    source: &Path,
+    target: &mut SqliteConnection,
+    copied: Copied<'_>,
+) -> Result<()> {
+    file_to_store!(source, target, Sqlite, anonymous, UPSERT_META, copied)
 }
 
 /// Copies the backup at `source` into the MySQL store `target` (a transaction), which must be
 /// empty.
-pub(super) async fn file_to_mysql(source: &Path, target: &mut sqlx::MySqlConnection) -> Result<()> {
-    file_to_store!(source, target, MySql, anonymous, UPSERT_META_MYSQL)
+pub(super) async fn file_to_mysql(
+    source: &Path,
+    target: &mut sqlx::MySqlConnection,
+    copied: Copied<'_>,
+) -> Result<()> {
+    file_to_store!(source, target, MySql, anonymous, UPSERT_META_MYSQL, copied)
 }

@@ -39,6 +39,9 @@ pub struct LogRow {
     pub old_lease: i64,
 }
 
+/// Hears how many rows a long copy has written so far.
+pub type Copied<'a> = &'a (dyn Fn(u64) + Send + Sync);
+
 /// A lease as stored: its granted TTL and absolute deadline.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LeaseRow {
@@ -229,8 +232,9 @@ pub trait Backend: Send + Sync + 'static {
     /// Writes a consistent copy of the whole store to a new SQLite file at `dest` (see
     /// `backup.rs`), while the store keeps serving.
     async fn backup(&self, dest: &std::path::Path) -> Result<()>;
-    /// Copies the backup at `source` into this store, which must be empty, in one transaction.
-    async fn restore(&self, source: &std::path::Path) -> Result<()>;
+    /// Copies the backup at `source` into this store, which must be empty, in one transaction;
+    /// `copied` hears how many log rows are in after each chunk.
+    async fn restore(&self, source: &std::path::Path, copied: Copied<'_>) -> Result<()>;
     /// The whole auth store.
     async fn auth(&self) -> Result<AuthRecords>;
     /// Whether auth is on, and the auth revision: enough to learn cheaply whether another

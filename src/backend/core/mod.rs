@@ -29,7 +29,7 @@ pub use server::{ServerDialect, ServerSession, bound};
 pub use statements::{Sql, Syntax, insert_chunks, number_placeholders, push_tuples, values_chunks};
 
 use super::{
-    AuthRecords, AuthVersion, Backend, DbSize, LeaseRow, LogRow, RangeEnd, ReadTxn, Result,
+    AuthRecords, AuthVersion, Backend, Copied, DbSize, LeaseRow, LogRow, RangeEnd, ReadTxn, Result,
     Revisions, WriteTxn,
 };
 
@@ -215,7 +215,7 @@ pub trait Connector: Send + Sync + 'static {
     async fn size(&self) -> Result<DbSize>;
     async fn defragment(&self) -> Result<()>;
     async fn backup(&self, dest: &Path) -> Result<()>;
-    async fn restore(&self, source: &Path) -> Result<()>;
+    async fn restore(&self, source: &Path, copied: Copied<'_>) -> Result<()>;
     fn commit_notifications(&self) -> Option<tokio::sync::watch::Receiver<i64>> {
         None
     }
@@ -347,8 +347,8 @@ impl<C: Connector> Backend for SqlBackend<C> {
         self.0.backup(dest).await
     }
 
-    async fn restore(&self, source: &Path) -> Result<()> {
-        self.0.restore(source).await?;
+    async fn restore(&self, source: &Path, copied: Copied<'_>) -> Result<()> {
+        self.0.restore(source, copied).await?;
         self.0.sync().await
     }
 

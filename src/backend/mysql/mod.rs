@@ -40,7 +40,7 @@ use super::core::{Arg, Connector, ServerDialect, ServerSession, Sql, bind_scalar
 
 /// A session on the MySQL pool.
 pub type MysqlSession = ServerSession<sqlx::MySql>;
-use super::{DbSize, Error, PoolOptions, Result};
+use super::{Copied, DbSize, Error, PoolOptions, Result};
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/mysql");
 
@@ -299,9 +299,9 @@ impl Connector for Mysql {
         Ok(())
     }
 
-    async fn restore(&self, source: &std::path::Path) -> Result<()> {
+    async fn restore(&self, source: &std::path::Path, copied: Copied<'_>) -> Result<()> {
         let mut tx = self.write_tx().await?;
-        super::backup::file_to_mysql(source, &mut tx).await?;
+        super::backup::file_to_mysql(source, &mut tx, copied).await?;
         tx.commit().await?;
         Ok(())
     }

@@ -37,7 +37,7 @@ use super::core::{Arg, Connector, ServerDialect, ServerSession, Sql, bind_scalar
 
 /// A session on the PostgreSQL pool.
 pub type PgSession = ServerSession<sqlx::Postgres>;
-use super::{DbSize, PoolOptions, Result};
+use super::{Copied, DbSize, PoolOptions, Result};
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/postgres");
 
@@ -302,9 +302,9 @@ impl Connector for Postgres {
         Ok(())
     }
 
-    async fn restore(&self, source: &std::path::Path) -> Result<()> {
+    async fn restore(&self, source: &std::path::Path, copied: Copied<'_>) -> Result<()> {
         let mut tx = self.write_tx().await?;
-        super::backup::file_to_postgres(source, &mut tx).await?;
+        super::backup::file_to_postgres(source, &mut tx, copied).await?;
         tx.commit().await?;
         Ok(())
     }

@@ -41,7 +41,7 @@ use tokio::sync::{Mutex, OwnedMappedMutexGuard, OwnedMutexGuard, OwnedSemaphoreP
 pub use sql::{count_query, scan_query};
 
 use super::core::{Arg, Connector, Session, Sql, Stmt, bind_scalar, bound};
-use super::{DbSize, Error, Result};
+use super::{Copied, DbSize, Error, Result};
 
 pub(super) static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
 
@@ -365,10 +365,10 @@ impl Connector for Sqlite {
         Ok(())
     }
 
-    async fn restore(&self, source: &Path) -> Result<()> {
+    async fn restore(&self, source: &Path, copied: Copied<'_>) -> Result<()> {
         let mut conn = self.idle_writer().await?;
         let mut tx = conn.conn.begin().await?;
-        super::backup::file_to_sqlite(source, &mut tx).await?;
+        super::backup::file_to_sqlite(source, &mut tx, copied).await?;
         tx.commit().await?;
         Ok(())
     }
