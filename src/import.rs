@@ -506,8 +506,7 @@ pub async fn follow(
                 }
                 continue;
             }
-            // etcd's progress notifications (every 10 minutes) keep an idle watch within WAIT
-            // only when WAIT is longer; an idle source is normal here, so no deadline.
+            // No deadline before `stop`: a source nobody writes to sends nothing, rightly.
             response = responses.next() => response,
         };
         let response: WatchResponse =
