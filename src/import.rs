@@ -286,24 +286,7 @@ impl<P: FnMut(u64, u64)> Copy<'_, P> {
             return Ok(None);
         }
         self.total += (to - from + 1) as u64;
-        // The request stream stays open until the copy is done: closing it ends the watch.
-        let (requests, outgoing) = mpsc::channel(1);
-        let create = WatchRequest {
-            request_union: Some(RequestUnion::CreateRequest(WatchCreateRequest {
-                key: vec![0],
-                range_end: vec![0],
-                start_revision: from,
-                ..WatchCreateRequest::default()
-            })),
-        };
-        requests
-            .send(create)
-            .await
-            .map_err(|_| Error::WatchEnded("the request stream closed".into()))?;
-        let mut responses = tokio::time::timeout(WAIT, watch.watch(ReceiverStream::new(outgoing)))
-            .await
-            .map_err(|_| Error::Timeout)??
-            .into_inner();
+        let (requests, mut responses) = watch_all(watch, from).await?;
         let (mut revision, mut sub) = (0, 0);
         loop {
             let response: WatchResponse = tokio::time::timeout(WAIT, responses.next())
@@ -450,24 +433,7 @@ pub async fn follow(
     let mut kv = KvClient::new(channel.clone());
     let mut watch = WatchClient::new(channel.clone()).max_decoding_message_size(MAX_MESSAGE);
     let mut lease = LeaseClient::new(channel);
-    let (requests, outgoing) = mpsc::channel(1);
-    let create = WatchRequest {
-        request_union: Some(RequestUnion::CreateRequest(WatchCreateRequest {
-            key: vec![0],
-            range_end: vec![0],
-            start_revision: after + 1,
-            progress_notify: true,
-            ..WatchCreateRequest::default()
-        })),
-    };
-    requests
-        .send(create)
-        .await
-        .map_err(|_| Error::WatchEnded("the request stream closed".into()))?;
-    let mut responses = tokio::time::timeout(WAIT, watch.watch(ReceiverStream::new(outgoing)))
-        .await
-        .map_err(|_| Error::Timeout)??
-        .into_inner();
+    let (requests, mut responses) = watch_all(&mut watch, after + 1).await?;
     let mut known: BTreeSet<i64> = store
         .leases()
         .await
@@ -564,6 +530,32 @@ pub async fn follow(
     // copies writes no revision.
     revoke_gone(lessor, &mut known, &held).await?;
     Ok(followed)
+}
+
+/// A watch of the whole keyspace from revision `from`. It lasts as long as the returned sender
+/// is kept: dropping it closes the request stream, which ends the watch.
+async fn watch_all(
+    watch: &mut WatchClient<Channel>,
+    from: i64,
+) -> Result<(mpsc::Sender<WatchRequest>, tonic::Streaming<WatchResponse>)> {
+    let (requests, outgoing) = mpsc::channel(1);
+    let create = WatchRequest {
+        request_union: Some(RequestUnion::CreateRequest(WatchCreateRequest {
+            key: vec![0],
+            range_end: vec![0],
+            start_revision: from,
+            ..WatchCreateRequest::default()
+        })),
+    };
+    requests
+        .send(create)
+        .await
+        .map_err(|_| Error::WatchEnded("the request stream closed".into()))?;
+    let responses = tokio::time::timeout(WAIT, watch.watch(ReceiverStream::new(outgoing)))
+        .await
+        .map_err(|_| Error::Timeout)??
+        .into_inner();
+    Ok((requests, responses))
 }
 
 fn revision_of(event: &crate::pb::mvccpb::Event) -> i64 {
