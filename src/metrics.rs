@@ -1067,6 +1067,10 @@ impl Backend for InstrumentedBackend {
         self.inner.max_key_bytes()
     }
 
+    fn checked_key_bytes(&self) -> Option<usize> {
+        self.inner.checked_key_bytes()
+    }
+
     /// Includes waiting for the previous write transaction to finish.
     async fn write(&self) -> backend::Result<Box<dyn WriteTxn>> {
         let inner = timed(&self.metrics, "begin_write", self.inner.write()).await?;

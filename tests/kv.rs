@@ -1330,5 +1330,40 @@ async fn keys_longer_than_the_database_holds_are_refused_whole() {
         let got = c.get(long.as_str(), None).await.unwrap();
         assert_eq!(got.kvs()[0].key().len(), 4000);
     }
+    if common::on_postgres() {
+        // A 4,000-byte key that does not compress: PostgreSQL's index refuses it when it is
+        // written. The refusal is InvalidArgument and fails that txn alone, not the puts that
+        // share its moment.
+        let mut state = 0x9e37_79b9_7f4a_7c15_u64;
+        let random: String = (0..4000)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                char::from(b'!' + (state % 90) as u8)
+            })
+            .collect();
+        let others: Vec<_> = (0..8)
+            .map(|i| {
+                let mut c = c.clone();
+                tokio::spawn(async move { c.put(format!("beside/{i}"), "v", None).await })
+            })
+            .collect();
+        let s = status(c.put(random.as_str(), "v", None).await.unwrap_err());
+        assert_eq!(s.code(), Code::InvalidArgument, "{s:?}");
+        assert!(
+            s.message()
+                .starts_with("etcdserver: key is too long for this data store"),
+            "{s:?}"
+        );
+        for other in others {
+            other
+                .await
+                .unwrap()
+                .expect("a put beside the refused one succeeds");
+        }
+        let none = c.get(random.as_str(), None).await.unwrap();
+        assert!(none.kvs().is_empty());
+    }
     server.stop().await;
 }

@@ -176,6 +176,17 @@ pub enum Error {
 
 pub type Result<T> = std::result::Result<T, Error>;
 
+impl Error {
+    /// The database refused a row as too large for its index (PostgreSQL's
+    /// `program_limit_exceeded`), which a shorter or more compressible key avoids.
+    pub fn is_key_too_large(&self) -> bool {
+        match self {
+            Error::Sql(sqlx::Error::Database(e)) => e.code().as_deref() == Some("54000"),
+            _ => false,
+        }
+    }
+}
+
 /// A database holding the log.
 #[async_trait]
 pub trait Backend: Send + Sync + 'static {
@@ -208,6 +219,13 @@ pub trait Backend: Send + Sync + 'static {
     /// PostgreSQL's index entries are bounded after compression, so no length says it, and
     /// SQLite has none).
     fn max_key_bytes(&self) -> Option<usize> {
+        None
+    }
+    /// Keys longer than this may be refused only when written (PostgreSQL's index entries are
+    /// bounded after compression, so only the database can tell): the writer runs a txn
+    /// with such a key in a batch of its own, so that a refusal fails it alone
+    /// ([`Error::is_key_too_large`]).
+    fn checked_key_bytes(&self) -> Option<usize> {
         None
     }
     /// Opens the one write transaction; waits while another is open.

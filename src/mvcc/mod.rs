@@ -12,7 +12,9 @@
 //! database transaction, and commits once. Replies go out only once the commit is durable, so an
 //! acknowledged write is never lost, and a batch costs one fsync however many requests it holds.
 //! Conflicts cannot arise: each request sees the effects of the ones before it, exactly as if
-//! they had run one at a time.
+//! they had run one at a time. A txn with a key the database may refuse only when it writes it
+//! ([`Backend::checked_key_bytes`]) runs in a batch of its own, so the refusal
+//! (`KeyTooLong`) is its alone.
 //!
 //! Where the backend's commit returns before it is durable (SQLite: it writes the log and leaves
 //! the fsync to [`Backend::sync`]), the writer does not wait for the disk: it hands the batch to
@@ -83,6 +85,7 @@ mod txn;
 pub mod types;
 mod values;
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
@@ -932,15 +935,27 @@ async fn run_writer(
     // connection while committing), so the next one asks the database.
     let mut trusted = true;
     let mut compact = start.compact;
-    let mut batch = Vec::with_capacity(MAX_BATCH);
+    let checked = backend.checked_key_bytes();
+    let mut incoming = Vec::with_capacity(MAX_BATCH);
+    let mut backlog = VecDeque::with_capacity(MAX_BATCH);
     loop {
-        let received = tokio::select! {
-            n = queue.recv_many(&mut batch, MAX_BATCH) => n,
-            () = shutdown.cancelled() => 0,
-        };
-        if received == 0 {
-            break;
+        if backlog.is_empty() {
+            let received = tokio::select! {
+                n = queue.recv_many(&mut incoming, MAX_BATCH) => n,
+                () = shutdown.cancelled() => 0,
+            };
+            if received == 0 {
+                break;
+            }
+            backlog.extend(incoming.drain(..));
         }
+        // A txn with a key the database may refuse runs alone: a refusal fails it only.
+        let alone = |job: &WriteJob| checked.is_some_and(|limit| job.longest_put_key() > limit);
+        let received = match backlog.iter().position(alone) {
+            Some(0) => 1,
+            Some(first) => first,
+            None => backlog.len(),
+        };
         let compacted = *compacted.borrow();
         let known = (sole_writer && trusted).then(|| Revisions {
             current: index.revision(),
@@ -954,10 +969,16 @@ async fn run_writer(
             &values,
             known,
             compacted,
-            batch.drain(..),
+            backlog.drain(..received),
             &mut outcomes,
         )
         .await;
+        let result = match (result, checked) {
+            (Err(Error::Backend(e)), Some(max)) if e.is_key_too_large() => {
+                Err(Error::KeyTooLong { max })
+            }
+            (result, _) => result,
+        };
         trusted = result.is_ok();
         // After a reload the database may not be the one the cached rows came from. Rows taken
         // in from elsewhere leave entries behind that are no longer their keys' newest: the
@@ -1080,6 +1101,16 @@ enum Outcome {
         oneshot::Sender<Result<Revisioned<LeaseOutcome>>>,
         Result<Revisioned<LeaseOutcome>>,
     ),
+}
+
+impl WriteJob {
+    /// The longest key the job puts (0 for what puts none).
+    fn longest_put_key(&self) -> usize {
+        match self {
+            WriteJob::Txn { req, .. } => req.longest_put_key(),
+            WriteJob::Compact { .. } | WriteJob::Lease { .. } => 0,
+        }
+    }
 }
 
 impl Outcome {

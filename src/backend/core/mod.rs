@@ -208,6 +208,10 @@ pub trait Connector: Send + Sync + 'static {
     fn max_key_bytes(&self) -> Option<usize> {
         None
     }
+    /// See [`Backend::checked_key_bytes`].
+    fn checked_key_bytes(&self) -> Option<usize> {
+        None
+    }
     /// See [`Backend::sync`].
     async fn sync(&self) -> Result<()> {
         Ok(())
@@ -252,6 +256,10 @@ impl<C: Connector> Backend for SqlBackend<C> {
 
     fn max_key_bytes(&self) -> Option<usize> {
         self.0.max_key_bytes()
+    }
+
+    fn checked_key_bytes(&self) -> Option<usize> {
+        self.0.checked_key_bytes()
     }
 
     async fn write(&self) -> Result<Box<dyn WriteTxn>> {

@@ -39,6 +39,9 @@ use super::core::{Arg, Connector, ServerDialect, ServerSession, Sql, bind_scalar
 pub type PgSession = ServerSession<sqlx::Postgres>;
 use super::{Copied, DbSize, PoolOptions, Result};
 
+/// Keys up to this length always fit PostgreSQL's index entries, compressed or not.
+pub const CHECKED_KEY_BYTES: usize = 2600;
+
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/postgres");
 
 /// The advisory lock key every writer takes ("etcdsql" in ASCII, as a number).
@@ -307,6 +310,13 @@ impl Connector for Postgres {
         super::backup::file_to_postgres(source, &mut tx, copied).await?;
         tx.commit().await?;
         Ok(())
+    }
+
+    /// A B-tree entry holds at most 2,704 bytes (a third of a page) once compressed; keys up
+    /// to this length always fit beside the index's other columns, longer ones only if they
+    /// compress.
+    fn checked_key_bytes(&self) -> Option<usize> {
+        Some(CHECKED_KEY_BYTES)
     }
 
     fn commit_notifications(&self) -> Option<watch::Receiver<i64>> {
