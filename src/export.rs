@@ -85,6 +85,8 @@ pub async fn to_etcd(
         granted.insert(row.id);
         exported.leases += 1;
     }
+    // The keys of a lease that ran out before the export go with it, as at its expiry.
+    kvs.retain(|kv| kv.lease == 0 || granted.contains(&kv.lease));
     let total = kvs.len() as u64;
     for group in kvs.chunk_by(|a, b| a.mod_revision == b.mod_revision) {
         for chunk in group.chunks(PER_TXN) {
@@ -94,13 +96,7 @@ pub async fn to_etcd(
                     request: Some(Request::RequestPut(PutRequest {
                         key: kv.key.clone(),
                         value: kv.value.clone(),
-                        // A lease that ran out before the export: its keys go with it, as they
-                        // would have at its expiry.
-                        lease: if granted.contains(&kv.lease) {
-                            kv.lease
-                        } else {
-                            0
-                        },
+                        lease: kv.lease,
                         ..PutRequest::default()
                     })),
                 })

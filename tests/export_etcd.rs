@@ -74,3 +74,44 @@ async fn the_stores_keys_and_leases_go_into_an_empty_etcd() {
     assert_ne!(status, 0, "{text}");
     assert!(text.contains("holds 5 keys already"), "{text}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_of_a_lease_that_ran_out_are_not_exported() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(dir.path()).await;
+    let mut c = server.client().await;
+    let lease = c.lease_grant(2, None).await.unwrap();
+    let ttl = lease.ttl();
+    c.put("/registry/kept", "k", None).await.unwrap();
+    c.put(
+        "/registry/expiring",
+        "e",
+        Some(PutOptions::new().with_lease(lease.id())),
+    )
+    .await
+    .unwrap();
+    // Stopped before the lease runs out, so the store still holds the key and the lease.
+    server.stop().await;
+    tokio::time::sleep(std::time::Duration::from_secs(ttl as u64 + 1)).await;
+
+    let etcd = RealEtcd::start().await;
+    let endpoint = test_endpoint(dir.path());
+    let (status, text) = etcdsql_tool(&["--endpoint", &endpoint, "export", "--to-etcd", &etcd.url]);
+    assert_eq!(status, 0, "{text}");
+    assert!(text.contains("Exported 1 keys and 0 leases"), "{text}");
+    let copied = etcd
+        .client()
+        .await
+        .get(
+            "/registry/",
+            Some(GetOptions::new().with_prefix().with_keys_only()),
+        )
+        .await
+        .unwrap();
+    let keys: Vec<&str> = copied
+        .kvs()
+        .iter()
+        .map(|kv| kv.key_str().unwrap())
+        .collect();
+    assert_eq!(keys, ["/registry/kept"]);
+}
