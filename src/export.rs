@@ -13,7 +13,7 @@
 
 use std::collections::HashSet;
 
-use crate::import::{Error, Result, Source, WAIT, store_error};
+use crate::import::{Error, Result, Source, call, store_error};
 use crate::mvcc::Store;
 use crate::mvcc::types::{KeyRange, KeyValue, RangeRequest};
 use crate::pb::etcdserverpb::{
@@ -137,13 +137,4 @@ async fn live_keys(store: &Store) -> Result<(i64, Vec<KeyValue>)> {
         }
     }
     Ok((revision, kvs))
-}
-
-async fn call<T>(
-    request: impl Future<Output = std::result::Result<tonic::Response<T>, tonic::Status>>,
-) -> Result<T> {
-    Ok(tokio::time::timeout(WAIT, request)
-        .await
-        .map_err(|_| Error::Timeout)??
-        .into_inner())
 }

@@ -205,10 +205,7 @@ async fn header_revision(kv: &mut KvClient<Channel>) -> Result<i64> {
         count_only: true,
         ..RangeRequest::default()
     };
-    let response = tokio::time::timeout(WAIT, kv.range(request))
-        .await
-        .map_err(|_| Error::Timeout)??
-        .into_inner();
+    let response = call(kv.range(request)).await?;
     Ok(response.header.map_or(1, |h| h.revision))
 }
 
@@ -233,19 +230,14 @@ impl<P: FnMut(u64, u64)> Copy<'_, P> {
         let mut from = vec![0];
         let mut limit = FIRST_PAGE;
         loop {
-            let page = tokio::time::timeout(
-                WAIT,
-                kv.range(RangeRequest {
-                    key: from,
-                    range_end: vec![0],
-                    revision,
-                    limit,
-                    ..RangeRequest::default()
-                }),
-            )
-            .await
-            .map_err(|_| Error::Timeout)??
-            .into_inner();
+            let page = call(kv.range(RangeRequest {
+                key: from,
+                range_end: vec![0],
+                revision,
+                limit,
+                ..RangeRequest::default()
+            }))
+            .await?;
             if self.total == 0 {
                 self.total = page.count.max(0) as u64;
             }
@@ -362,27 +354,14 @@ async fn leases(
     named: &BTreeSet<i64>,
     now_ms: i64,
 ) -> Result<Vec<LeaseRow>> {
-    let listed = tokio::time::timeout(WAIT, client.lease_leases(LeaseLeasesRequest {}))
-        .await
-        .map_err(|_| Error::Timeout)??
-        .into_inner()
-        .leases;
+    let listed = etcd_leases(client).await?;
     let mut rows = Vec::with_capacity(listed.len());
-    for status in listed {
-        let ttl = tokio::time::timeout(
-            WAIT,
-            client.lease_time_to_live(LeaseTimeToLiveRequest {
-                id: status.id,
-                keys: false,
-            }),
-        )
-        .await
-        .map_err(|_| Error::Timeout)??
-        .into_inner();
+    for id in listed {
+        let ttl = time_to_live(client, id).await?;
         // -1: it expired since it was listed.
         let remaining = ttl.ttl.max(0);
         rows.push(LeaseRow {
-            id: status.id,
+            id,
             ttl: ttl.granted_ttl.max(1),
             expires_at: now_ms.saturating_add(remaining.saturating_mul(1000)),
         });
@@ -551,10 +530,7 @@ async fn watch_all(
         .send(create)
         .await
         .map_err(|_| Error::WatchEnded("the request stream closed".into()))?;
-    let responses = tokio::time::timeout(WAIT, watch.watch(ReceiverStream::new(outgoing)))
-        .await
-        .map_err(|_| Error::Timeout)??
-        .into_inner();
+    let responses = call(watch.watch(ReceiverStream::new(outgoing))).await?;
     Ok((requests, responses))
 }
 
@@ -566,14 +542,28 @@ pub(crate) fn store_error(e: crate::mvcc::Error) -> Error {
     Error::Store(e.to_string())
 }
 
-/// The ids of the leases the source holds now.
-async fn etcd_leases(client: &mut LeaseClient<Channel>) -> Result<BTreeSet<i64>> {
-    let listed = tokio::time::timeout(WAIT, client.lease_leases(LeaseLeasesRequest {}))
+/// One call to etcd, bounded by [`WAIT`]: its answer.
+pub(crate) async fn call<T>(
+    request: impl Future<Output = std::result::Result<tonic::Response<T>, tonic::Status>>,
+) -> Result<T> {
+    Ok(tokio::time::timeout(WAIT, request)
         .await
         .map_err(|_| Error::Timeout)??
-        .into_inner()
-        .leases;
-    Ok(listed.into_iter().map(|l| l.id).collect())
+        .into_inner())
+}
+
+/// The ids of the leases the source holds now.
+async fn etcd_leases(client: &mut LeaseClient<Channel>) -> Result<BTreeSet<i64>> {
+    let listed = call(client.lease_leases(LeaseLeasesRequest {})).await?;
+    Ok(listed.leases.into_iter().map(|l| l.id).collect())
+}
+
+/// A lease's granted and remaining TTL, as etcd reports them.
+async fn time_to_live(
+    client: &mut LeaseClient<Channel>,
+    id: i64,
+) -> Result<crate::pb::etcdserverpb::LeaseTimeToLiveResponse> {
+    call(client.lease_time_to_live(LeaseTimeToLiveRequest { id, keys: false })).await
 }
 
 /// Grants lease `id` in the store with the TTL etcd granted it (1 s if etcd no longer has it:
@@ -583,13 +573,7 @@ async fn grant_like_etcd(
     lessor: &crate::lease::Lessor,
     id: i64,
 ) -> Result<()> {
-    let ttl = tokio::time::timeout(
-        WAIT,
-        client.lease_time_to_live(LeaseTimeToLiveRequest { id, keys: false }),
-    )
-    .await
-    .map_err(|_| Error::Timeout)??
-    .into_inner();
+    let ttl = time_to_live(client, id).await?;
     match lessor.grant(id, ttl.granted_ttl.max(1)).await {
         Ok(_) | Err(crate::mvcc::Error::LeaseExists) => Ok(()),
         Err(e) => Err(store_error(e)),

@@ -3,6 +3,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Parser;
+use etcdsql::lease::{Clock, SystemClock};
 use tokio_util::sync::CancellationToken;
 use tracing_subscriber::EnvFilter;
 
@@ -215,7 +216,7 @@ enum Source {
 
 /// `import`: the source into a backup file, then that file into the store.
 async fn import(
-    backend: &std::sync::Arc<dyn etcdsql::backend::Backend>,
+    backend: &Arc<dyn etcdsql::backend::Backend>,
     source: Source,
     endpoint: &str,
 ) -> anyhow::Result<()> {
@@ -224,9 +225,7 @@ async fn import(
         .tempdir()?;
     let file = dir.path().join("import.db");
     let started = std::time::Instant::now();
-    let now_ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64);
+    let now_ms = SystemClock.now_ms();
     let mut progress = Progress::new("changes read");
     let report = |rows, total| progress.report(rows, total);
     let (imported, name) = match &source {
@@ -277,13 +276,13 @@ async fn import(
 /// `import --follow`: etcd's changes after `after` into the store until a signal, through the
 /// store's own write path.
 async fn follow(
-    backend: &std::sync::Arc<dyn etcdsql::backend::Backend>,
+    backend: &Arc<dyn etcdsql::backend::Backend>,
     from: &etcdsql::import::Source,
     after: i64,
 ) -> anyhow::Result<()> {
     let running = ToolStore::start(backend).await?;
     let store = &running.store;
-    let lessor = etcdsql::lease::Lessor::new(store.clone(), Arc::new(etcdsql::lease::SystemClock));
+    let lessor = etcdsql::lease::Lessor::new(store.clone(), Arc::new(SystemClock));
     let stop = CancellationToken::new();
     let signal = stop.clone();
     tokio::spawn(async move {
@@ -352,9 +351,7 @@ async fn export(
 ) -> anyhow::Result<()> {
     let running = ToolStore::start(backend).await?;
     let started = std::time::Instant::now();
-    let now_ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64);
+    let now_ms = SystemClock.now_ms();
     let mut progress = Progress::new("keys written");
     let exported = etcdsql::export::to_etcd(&running.store, target, now_ms, |done, total| {
         progress.report(done, total)

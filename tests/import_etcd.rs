@@ -313,9 +313,7 @@ async fn follow_keeps_applying_etcds_changes_until_stopped() {
     let dir = tempfile::tempdir().unwrap();
     let endpoint = test_endpoint(dir.path());
     let log = dir.path().join("follow.log");
-    let bin =
-        std::env::var("ETCDSQL_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_etcdsql").to_owned());
-    let mut child = std::process::Command::new(bin)
+    let mut child = std::process::Command::new(common::etcdsql_bin())
         .args(["--log-level", "error", "--endpoint", &endpoint, "import"])
         .args(["--from-etcd", &etcd.url, "--with-history", "--follow"])
         .stdout(std::fs::File::create(dir.path().join("follow.out")).unwrap())

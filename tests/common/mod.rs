@@ -471,12 +471,15 @@ impl Drop for RealEtcd {
     }
 }
 
+/// The `etcdsql` binary: `ETCDSQL_BIN` (test.sh sets it), else the one cargo built.
+pub fn etcdsql_bin() -> String {
+    std::env::var("ETCDSQL_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_etcdsql").to_owned())
+}
+
 /// Runs the `etcdsql` binary with `args` (a tool command): its exit status and everything it
 /// printed.
 pub fn etcdsql_tool(args: &[&str]) -> (i32, String) {
-    let bin =
-        std::env::var("ETCDSQL_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_etcdsql").to_owned());
-    let out = std::process::Command::new(bin)
+    let out = std::process::Command::new(etcdsql_bin())
         .args(["--log-level", "error"])
         .args(args)
         .output()
