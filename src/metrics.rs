@@ -119,6 +119,9 @@ struct Inner {
     range_reads: Family<SourceLabels, Counter>,
     /// The store's read counts at the last scrape, which `range_reads` has counted.
     reads_seen: Mutex<ReadStats>,
+    lost_revisions: Counter,
+    /// The store's lost revisions at the last scrape, which `lost_revisions` has counted.
+    lost_seen: AtomicU64,
 
     watch_streams: Gauge,
     watchers: Gauge,
@@ -348,6 +351,12 @@ impl Metrics {
             "Range reads by where they were answered: from memory alone (source=memory), or with SQL statements (source=sql)",
             range_reads.clone(),
         );
+        let lost_revisions = Counter::default();
+        r.register(
+            "etcdsql_failover_lost_revisions",
+            "Revisions this server had served that the database no longer held after a failover (counted by the server that fenced the store past them)",
+            lost_revisions.clone(),
+        );
         let sql_errors = Family::<QueryLabels, Counter>::default();
         r.register(
             "etcdsql_sql_errors",
@@ -412,6 +421,8 @@ impl Metrics {
                 txn_total,
                 range_reads,
                 reads_seen: Mutex::new(ReadStats::default()),
+                lost_revisions,
+                lost_seen: AtomicU64::new(0),
                 watch_streams,
                 watchers,
                 slow_watchers,
@@ -476,6 +487,9 @@ impl Metrics {
             }
             Err(e) => tracing::warn!(error = %e, "metrics: cannot read the store"),
         }
+        let lost = store.lost_revisions();
+        let lost_before = m.lost_seen.swap(lost, Ordering::Relaxed);
+        m.lost_revisions.inc_by(lost.saturating_sub(lost_before));
         let reads = store.read_stats();
         let seen = std::mem::replace(&mut *lock(&m.reads_seen), reads);
         for (source, now, before) in [
@@ -1277,6 +1291,15 @@ impl WriteTxn for InstrumentedWrite {
             &self.metrics,
             "set_compact_revision",
             self.inner.set_compact_revision(revision),
+        )
+        .await
+    }
+
+    async fn set_fence_revision(&mut self, revision: i64) -> backend::Result<()> {
+        timed(
+            &self.metrics,
+            "set_fence_revision",
+            self.inner.set_fence_revision(revision),
         )
         .await
     }

@@ -83,6 +83,7 @@ impl From<mvcc::Error> for Status {
                 Status::unavailable(format!("etcdserver: storage unavailable: {e}"))
             }
             mvcc::Error::ShuttingDown => Status::unavailable("etcdserver: server stopped"),
+            e @ mvcc::Error::Rewound { .. } => Status::unavailable(format!("etcdserver: {e}")),
             mvcc::Error::NoSpace => {
                 Status::resource_exhausted("etcdserver: mvcc: database space exceeded")
             }
@@ -147,7 +148,9 @@ impl From<concurrency::Error> for Status {
             concurrency::Error::Store(e) => {
                 let known = !matches!(
                     e,
-                    mvcc::Error::Backend(_) | mvcc::Error::IndexOutOfSync { .. }
+                    mvcc::Error::Backend(_)
+                        | mvcc::Error::IndexOutOfSync { .. }
+                        | mvcc::Error::Rewound { .. }
                 );
                 let status = Status::from(e);
                 if known {

@@ -76,10 +76,12 @@ pub struct Scan<'a> {
 }
 
 /// The store's revision counters, read together.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Revisions {
     pub current: i64,
     pub compact: i64,
+    /// The revision of the newest history fence (0: none): see [`crate::mvcc`]'s fence.
+    pub fence: i64,
 }
 
 /// etcd's auth store as the database keeps it: the records are authpb protobuf, which only
@@ -158,6 +160,10 @@ pub enum Error {
         "unsupported endpoint {0:?}: expected sqlite://PATH, postgres://USER@HOST/DB or mysql://USER@HOST/DB"
     )]
     UnsupportedEndpoint(String),
+    #[error("invalid endpoint {endpoint:?}: {reason}")]
+    Endpoint { endpoint: String, reason: String },
+    #[error("no PostgreSQL host of the endpoint accepts writes ({0})")]
+    NoPrimary(String),
     #[error("cannot create the database folder {path}: {source}")]
     CreateDir {
         path: String,
@@ -314,6 +320,7 @@ pub trait WriteTxn: ReadTxn {
     async fn insert_rows(&mut self, rows: &[LogRow]) -> Result<()>;
     async fn set_current_revision(&mut self, revision: i64) -> Result<()>;
     async fn set_compact_revision(&mut self, revision: i64) -> Result<()>;
+    async fn set_fence_revision(&mut self, revision: i64) -> Result<()>;
     /// Stores a new lease; `false` if its id is taken.
     async fn insert_lease(&mut self, lease: &LeaseRow) -> Result<bool>;
     /// Moves a lease's deadline; `false` if it does not exist.

@@ -78,6 +78,7 @@
 pub mod alarm;
 mod applied;
 pub mod compare;
+mod fence;
 mod hash;
 mod index;
 mod probe;
@@ -106,6 +107,7 @@ use types::{
 use values::ValueCache;
 
 use alarm::{Alarms, Cost};
+pub use fence::FENCE_GAP;
 pub use hash::KvHash;
 
 /// Most write requests one database transaction holds.
@@ -150,6 +152,13 @@ pub enum Error {
     IndexOutOfSync { key: String, revision: i64 },
     #[error("the store is shutting down")]
     ShuttingDown,
+    /// The database's current revision is below one this process has served: it lost
+    /// commits in a failover ([`fence`]). Refused until the store is fenced past them.
+    #[error(
+        "the database's history ends at revision {database}, before revision {served} that was \
+         served; waiting for the store to move past the lost revisions"
+    )]
+    Rewound { database: i64, served: i64 },
     /// NOSPACE is raised ([`alarm`]).
     #[error("mvcc: database space exceeded")]
     NoSpace,
@@ -291,6 +300,8 @@ struct Inner {
     /// Range reads answered without SQL, and with it.
     reads_from_memory: AtomicU64,
     reads_from_sql: AtomicU64,
+    /// Revisions lost in failovers that this process fenced ([`fence`]).
+    lost_revisions: AtomicU64,
 }
 
 /// The revisions as of the last durable commit, stored before that commit's replies are sent.
@@ -304,6 +315,7 @@ impl Published {
         Revisions {
             current: self.current.load(Ordering::SeqCst),
             compact: self.compact.load(Ordering::SeqCst),
+            fence: 0,
         }
     }
 }
@@ -434,7 +446,11 @@ impl Store {
         let (acks, committing) = mpsc::channel(1);
         tracker.spawn(run_writer(
             backend.clone(),
-            WriterMemory { index, values },
+            WriterMemory {
+                index,
+                values,
+                applied: applied.clone(),
+            },
             start,
             queue,
             compacted.clone(),
@@ -472,6 +488,7 @@ impl Store {
                 catch_up: watch::channel(start.current).0,
                 reads_from_memory: AtomicU64::new(0),
                 reads_from_sql: AtomicU64::new(0),
+                lost_revisions: AtomicU64::new(0),
             }),
         })
     }
@@ -588,6 +605,14 @@ impl Store {
             // One shared round trip for the cluster's revisions; the rest comes from memory.
             let revisions = self.inner.probe.revisions(&self.inner.backend).await?;
             let current = revisions.current;
+            let served = applied.revision();
+            if current < served {
+                // Memory holds revisions the database lost; the tailer fences past them.
+                return Err(Error::Rewound {
+                    database: current,
+                    served,
+                });
+            }
             self.inner.catch_up.send_if_modified(|wanted| {
                 let further = current > *wanted;
                 *wanted = (*wanted).max(current);
@@ -928,6 +953,7 @@ async fn run_writer(
     let WriterMemory {
         mut index,
         mut values,
+        applied,
     } = memory;
     let sole_writer = backend.sole_writer();
     // Whether the index is known to match the database: then a sole writer need not read the
@@ -960,14 +986,16 @@ async fn run_writer(
         let known = (sole_writer && trusted).then(|| Revisions {
             current: index.revision(),
             compact,
+            ..Revisions::default()
         });
         let seen = (index.reloads(), index.catch_ups());
+        let served = index.revision().max(applied.revision());
         let mut outcomes = Vec::with_capacity(received);
         let result = apply_batch(
             backend.as_ref(),
             &mut index,
             &values,
-            known,
+            (known, served),
             compacted,
             backlog.drain(..received),
             &mut outcomes,
@@ -1007,6 +1035,8 @@ async fn run_writer(
 struct WriterMemory {
     index: KeyIndex,
     values: ValueCache,
+    /// The store's applied index, whose revision readers and watchers may have been shown.
+    applied: Applied,
 }
 
 /// A batch the writer has run, on its way to its replies.
@@ -1159,12 +1189,14 @@ struct Committed {
 /// Applies the jobs in one transaction and commits it. The jobs' answers are pushed to
 /// `outcomes` as they run, but they stand only if this returns `Ok`. The key index follows the
 /// database: after `Ok` it holds the batch's changes, after `Err` none of them. `known` is the
-/// database's state if the caller knows it; otherwise it is read inside the transaction.
+/// database's state if the caller knows it; otherwise it is read inside the transaction. The
+/// batch writes nothing if the database is below `served`, the highest revision this process
+/// has committed or shown ([`fence`]).
 async fn apply_batch(
     backend: &dyn Backend,
     index: &mut KeyIndex,
     values: &ValueCache,
-    known: Option<Revisions>,
+    (known, served): (Option<Revisions>, i64),
     compacted: i64,
     jobs: impl Iterator<Item = WriteJob>,
     outcomes: &mut Vec<Outcome>,
@@ -1186,6 +1218,12 @@ async fn apply_batch(
             Some(known) => known,
             None => batch.tx.revisions().await?,
         };
+        if start.current < served {
+            return Err(Error::Rewound {
+                database: start.current,
+                served,
+            });
+        }
         batch.sync_index(start, compacted).await?;
         batch_mark = Some(batch.index.mark());
         let txns = pending.as_slice().iter().filter_map(|job| match job {

@@ -131,6 +131,7 @@ mod tests {
                 Ok(Revisions {
                     current: 42,
                     compact: 0,
+                    fence: 0,
                 }),
             );
         });
@@ -193,6 +194,7 @@ mod tests {
                     Ok(Revisions {
                         current: 10 + n,
                         compact: 0,
+                        fence: 0,
                     })
                 }
             }

@@ -430,6 +430,46 @@ impl Hub {
     }
 }
 
+impl Hub {
+    /// Starts over at the database's current revision, past a history fence H has not
+    /// reached: the applied index is reloaded from the log, and every watcher is taken off the
+    /// index as if its stream had fallen behind, so that it catches up from the log, finds its
+    /// next revision compacted, and is cancelled (see [`crate::mvcc`]'s fence).
+    ///
+    /// # Errors
+    /// The database cannot be read.
+    async fn reset(&self) -> mvcc::Result<()> {
+        let mut tx = self.inner.backend.read().await?;
+        let revisions = tx.revisions().await?;
+        let heads = tx.heads().await?;
+        drop(tx);
+        let mut registry = self.registry();
+        let old = registry.delivered;
+        if old >= revisions.fence {
+            return Ok(());
+        }
+        if let Some(applied) = &self.inner.applied {
+            applied.reset(&heads, revisions.current);
+        }
+        registry.index = RangeIndex::default();
+        for slot in registry.streams.values_mut() {
+            slot.watchers.clear();
+            slot.lag.lagged.store(true, Ordering::Release);
+            slot.lag.notify.notify_one();
+        }
+        registry.delivered = revisions.current;
+        self.inner.delivered.send_replace(revisions.current);
+        drop(registry);
+        tracing::warn!(
+            delivered = old,
+            fence = revisions.fence,
+            current = revisions.current,
+            "the log was fenced past what this process delivered; memory reloaded, watchers cancelled"
+        );
+        Ok(())
+    }
+}
+
 impl Registry {
     fn drop_stream(&mut self, stream: u64) {
         if let Some(slot) = self.streams.remove(&stream) {
@@ -568,10 +608,22 @@ async fn run_tailer(
     }
 }
 
-/// Publishes everything committed after H that the writer did not hand over.
+/// Publishes everything committed after H that the writer did not hand over. First, if the
+/// database lost revisions this process served, fences the store past them, and if the log
+/// was fenced past H, starts over there (see [`crate::mvcc`]'s fence).
 async fn tail_once(hub: &Hub, store: &Store) -> mvcc::Result<()> {
     loop {
-        let current = store.revisions().await?.current;
+        let revisions = store.revisions().await?;
+        let served = store.high_water().max(hub.delivered());
+        if revisions.current < served {
+            store.fence(served).await?;
+            continue;
+        }
+        if revisions.fence > hub.delivered() {
+            hub.reset().await?;
+            continue;
+        }
+        let current = revisions.current;
         let mut delivered = hub.delivered();
         if current <= delivered {
             return Ok(());

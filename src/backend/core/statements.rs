@@ -117,7 +117,7 @@ impl Sql {
             "SELECT name, value FROM meta WHERE name IN ('auth_enabled', 'auth_revision')";
         Sql {
             revisions: s(
-                "SELECT name, value FROM meta WHERE name IN ('current_revision', 'compact_revision')",
+                "SELECT name, value FROM meta WHERE name IN ('current_revision', 'compact_revision', 'fence_revision')",
             ),
             cluster_id: s("SELECT value FROM meta WHERE name = 'cluster_id'"),
             insert_cluster_id: insert_ignore("meta (name, value) VALUES ('cluster_id', ?)"),

@@ -30,12 +30,13 @@ impl<S: Session> ReadTxn for SqlTxn<S> {
         let rows = self.0.fetch(Stmt::new(&*self.0.sql().revisions)).await?;
         let mut revisions = Revisions {
             current: 1,
-            compact: 0,
+            ..Revisions::default()
         };
         for row in rows {
             match row.text(0)?.as_str() {
                 "current_revision" => revisions.current = row.int(1)?,
-                _ => revisions.compact = row.int(1)?,
+                "compact_revision" => revisions.compact = row.int(1)?,
+                _ => revisions.fence = row.int(1)?,
             }
         }
         Ok(revisions)
@@ -142,6 +143,11 @@ impl<S: Session> WriteTxn for SqlTxn<S> {
 
     async fn set_compact_revision(&mut self, revision: i64) -> Result<()> {
         let stmt = self.queue_meta("compact_revision", revision);
+        self.0.queue(stmt).await
+    }
+
+    async fn set_fence_revision(&mut self, revision: i64) -> Result<()> {
+        let stmt = self.queue_meta("fence_revision", revision);
         self.0.queue(stmt).await
     }
 

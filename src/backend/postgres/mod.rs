@@ -18,9 +18,9 @@
 //! [`COMMIT_CHANNEL`]; PostgreSQL delivers it at commit. Each process listens, so its watch hub
 //! wakes within milliseconds of another process's commit; polling stays as the fallback.
 
+mod primary;
 mod sql;
 
-use std::str::FromStr;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -30,6 +30,7 @@ use sqlx::postgres::{
 use sqlx::{Arguments, ConnectOptions, Transaction};
 use tokio::sync::watch;
 
+use primary::{Endpoint, SessionAttrs};
 use sql::COMMIT_CHANNEL;
 pub use sql::{count_query, scan_query};
 
@@ -48,41 +49,56 @@ static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/postgres
 const WRITER_LOCK: i64 = 0x65_7463_6473_716c;
 
 pub struct Postgres {
-    pool: PgPool,
+    /// The pool of the primary in use; replaced when a failover moves the primary
+    /// ([`primary`]).
+    pools: watch::Receiver<PgPool>,
     commits: watch::Receiver<i64>,
-    /// Stops the LISTEN task when the backend closes.
-    listener: tokio::task::JoinHandle<()>,
+    /// The LISTEN task and, with several hosts, the task that follows the primary; stopped
+    /// when the backend closes.
+    tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
 impl Postgres {
-    /// Connects (creating the database if it is missing and the user may), migrates, and starts
-    /// listening for other processes' commits.
+    /// Connects to the endpoint's primary (creating the database if it is missing and the user
+    /// may), migrates, and starts listening for other processes' commits.
     ///
     /// # Errors
-    /// A malformed URL, an unreachable server, or a failed migration.
+    /// A malformed URL, no reachable (writable) server, or a failed migration.
     pub async fn open(url: &str, pool: &PoolOptions) -> Result<Self> {
         // Plan every statement for its own parameters. A cached generic plan cannot tell a read
         // at the current revision (a handful of rows replaced since) from one at the first
         // revision (all of them), and picks a scan of every version in the key range: seconds
         // instead of milliseconds at a million keys. Planning costs a fraction of a millisecond.
-        let options =
-            PgConnectOptions::from_str(url)?.options([("plan_cache_mode", "force_custom_plan")]);
+        let endpoint = Endpoint::parse(url, |options| {
+            options.options([("plan_cache_mode", "force_custom_plan")])
+        })?;
+        let primary = endpoint.find(pool.connect_timeout).await?;
+        let options = endpoint.hosts[primary].options.clone();
         create_database_if_missing(&options).await?;
-        let pool = PgPoolOptions::new()
-            .max_connections(pool.max_connections)
-            .idle_timeout(Some(pool.idle_timeout))
-            .acquire_timeout(pool.connect_timeout)
-            .after_connect(|_, _| {
-                Box::pin(async {
-                    disable_nagle();
-                    Ok(())
+        let settings = pool.clone();
+        let read_write = endpoint.attrs == SessionAttrs::ReadWrite;
+        let new_pool = move |options: PgConnectOptions| {
+            PgPoolOptions::new()
+                .max_connections(settings.max_connections)
+                .idle_timeout(Some(settings.idle_timeout))
+                .acquire_timeout(settings.connect_timeout)
+                .after_connect(move |conn, _| {
+                    Box::pin(async move {
+                        disable_nagle();
+                        if read_write {
+                            primary::accepts_writes(conn)
+                                .await
+                                .map_err(|why| sqlx::Error::Configuration(why.into()))?;
+                        }
+                        Ok(())
+                    })
                 })
-            })
-            .connect_with(options)
-            .await?;
+                .connect_lazy_with(options)
+        };
+        let first = new_pool(options);
         // Concurrent first starts would race on the migration table; the writer lock orders them.
         {
-            let mut conn = pool.acquire().await?;
+            let mut conn = first.acquire().await?;
             sqlx::query("SELECT pg_advisory_lock($1)")
                 .bind(WRITER_LOCK)
                 .execute(&mut *conn)
@@ -97,16 +113,39 @@ impl Postgres {
         let cluster_id = (rand::random::<u64>() >> 1).max(1) as i64;
         sqlx::query(&*sql::SQL.insert_cluster_id)
             .bind(cluster_id)
-            .execute(&pool)
+            .execute(&first)
             .await?;
+        let (pool_tx, pools) = watch::channel(first.clone());
+        let mut tasks = Vec::new();
+        if endpoint.hosts.len() > 1 {
+            tasks.push(tokio::spawn(primary::follow_primary(
+                endpoint,
+                primary,
+                pool_tx,
+                new_pool,
+                pool.connect_timeout,
+            )));
+        } else {
+            // Nothing to follow; the channel stays open while the backend lives.
+            tasks.push(tokio::spawn(async move { pool_tx.closed().await }));
+        }
         let (tx, commits) = watch::channel(0);
-        let listening = listen(&pool).await?;
-        let listener = tokio::spawn(listen_for_commits(pool.clone(), tx, listening));
+        let listening = listen(&first).await?;
+        tasks.push(tokio::spawn(listen_for_commits(
+            pools.clone(),
+            tx,
+            listening,
+        )));
         Ok(Self {
-            pool,
+            pools,
             commits,
-            listener,
+            tasks,
         })
+    }
+
+    /// The pool of the primary in use.
+    fn pool(&self) -> PgPool {
+        self.pools.borrow().clone()
     }
 }
 
@@ -185,12 +224,18 @@ async fn listen(pool: &PgPool) -> std::result::Result<PgListener, sqlx::Error> {
 }
 
 /// Follows NOTIFYs on the commit channel, starting with `listener` (already listening, so no
-/// commit after the backend opened is missed); reconnects after outages. After a reconnection it
-/// reports the current revision, since NOTIFYs sent while it was away are lost: the watch hub
-/// then reads whatever it missed rather than waiting for its next poll.
-async fn listen_for_commits(pool: PgPool, commits: watch::Sender<i64>, listener: PgListener) {
+/// commit after the backend opened is missed); reconnects after outages, and to the new
+/// primary when the pool changes. After a reconnection it reports the current revision, since
+/// NOTIFYs sent while it was away are lost: the watch hub then reads whatever it missed rather
+/// than waiting for its next poll.
+async fn listen_for_commits(
+    mut pools: watch::Receiver<PgPool>,
+    commits: watch::Sender<i64>,
+    listener: PgListener,
+) {
     let mut ready = Some(listener);
     loop {
+        let pool = pools.borrow_and_update().clone();
         let listening = async {
             let mut listener = match ready.take() {
                 Some(listener) => listener,
@@ -222,9 +267,18 @@ async fn listen_for_commits(pool: PgPool, commits: watch::Sender<i64>, listener:
             }
             Ok::<(), sqlx::Error>(())
         };
-        match listening.await {
-            Ok(()) => tracing::debug!("commit listener lost its connection; reconnecting"),
-            Err(e) => tracing::debug!(error = %e, "commit listener failed; reconnecting"),
+        tokio::select! {
+            result = listening => match result {
+                Ok(()) => tracing::debug!("commit listener lost its connection; reconnecting"),
+                Err(e) => tracing::debug!(error = %e, "commit listener failed; reconnecting"),
+            },
+            changed = pools.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+                tracing::debug!("the primary moved; listening there");
+                continue;
+            }
         }
         if commits.is_closed() {
             return;
@@ -237,14 +291,14 @@ impl Postgres {
     /// A repeatable-read, read-only transaction: one snapshot.
     async fn read_tx(&self) -> Result<Transaction<'static, sqlx::Postgres>> {
         Ok(self
-            .pool
+            .pool()
             .begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
             .await?)
     }
 
     /// A transaction holding the writers' lock.
     async fn write_tx(&self) -> Result<Transaction<'static, sqlx::Postgres>> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.pool().begin().await?;
         sqlx::query("SELECT pg_advisory_xact_lock($1)")
             .bind(WRITER_LOCK)
             .execute(&mut *tx)
@@ -263,7 +317,7 @@ impl Connector for Postgres {
 
     /// Statements outside a transaction: each sees every commit made before it began.
     async fn read_unpinned(&self) -> Result<PgSession> {
-        Ok(PgSession::Single(self.pool.acquire().await?))
+        Ok(PgSession::Single(self.pool().acquire().await?))
     }
 
     async fn write(&self) -> Result<PgSession> {
@@ -272,7 +326,7 @@ impl Connector for Postgres {
 
     async fn size(&self) -> Result<DbSize> {
         let total: i64 = sqlx::query_scalar("SELECT pg_database_size(current_database())")
-            .fetch_one(&self.pool)
+            .fetch_one(&self.pool())
             .await?;
         // Live tuples' share of the relations, a PostgreSQL stand-in for "in use".
         let in_use: Option<i64> = sqlx::query_scalar(
@@ -281,7 +335,7 @@ impl Connector for Postgres {
                          ELSE s.n_live_tup::float8 / (s.n_live_tup + s.n_dead_tup) END)::bigint \
              FROM pg_class c JOIN pg_stat_user_tables s ON s.relid = c.oid",
         )
-        .fetch_one(&self.pool)
+        .fetch_one(&self.pool())
         .await?;
         Ok(DbSize {
             total,
@@ -293,7 +347,7 @@ impl Connector for Postgres {
         // A plain VACUUM marks dead rows' space for reuse and takes no lock that blocks reads
         // or writes; VACUUM FULL would return it to the system but lock the table throughout.
         sqlx::query("VACUUM (ANALYZE) kv_log, leases, meta")
-            .execute(&self.pool)
+            .execute(&self.pool())
             .await?;
         Ok(())
     }
@@ -324,8 +378,10 @@ impl Connector for Postgres {
     }
 
     async fn close(&self) {
-        self.listener.abort();
-        self.pool.close().await;
+        for task in &self.tasks {
+            task.abort();
+        }
+        self.pool().close().await;
     }
 }
 

@@ -99,6 +99,15 @@ fn cost(value: &[u8]) -> usize {
     value.len() + VALUE_OVERHEAD
 }
 
+/// The live keys among `heads` (each key's newest row), with no values held.
+fn live_keys<'a>(heads: impl IntoIterator<Item = &'a LogRow>) -> Keys {
+    heads
+        .into_iter()
+        .filter(|row| !row.deleted)
+        .map(|row| (row.key.clone(), Entry::new(KeyMeta::of(row), None)))
+        .collect()
+}
+
 /// One version of a key as the index knew it.
 struct Version {
     meta: KeyMeta,
@@ -260,11 +269,7 @@ impl Applied {
         value_budget: usize,
         history: usize,
     ) -> Self {
-        let keys = heads
-            .into_iter()
-            .filter(|row| !row.deleted)
-            .map(|row| (row.key.clone(), Entry::new(KeyMeta::of(row), None)))
-            .collect();
+        let keys = live_keys(heads);
         let (revision_tx, _) = watch::channel(revision);
         Self {
             inner: Arc::new(Inner {
@@ -283,6 +288,21 @@ impl Applied {
                 broken: AtomicBool::new(false),
             }),
         }
+    }
+
+    /// Replaces everything the index holds with the live keys among `heads` at `revision`, a
+    /// revision past every one it has taken in: the history it followed is not the database's
+    /// any more (a failover lost its last revisions; see [`crate::mvcc`]'s fence). Its window
+    /// of history starts afresh at `revision`.
+    pub(crate) fn reset<'a>(&self, heads: impl IntoIterator<Item = &'a LogRow>, revision: i64) {
+        let mut state = self.write();
+        state.keys = live_keys(heads);
+        state.value_bytes = 0;
+        state.hand = None;
+        state.history.clear();
+        state.history_bytes = 0;
+        state.floor = revision;
+        self.inner.revision.send_replace(revision);
     }
 
     /// The revision the index is at.
