@@ -265,15 +265,23 @@ mod tests {
             .expect("parses");
         assert_eq!(any.attrs, SessionAttrs::Any);
         let one = Endpoint::parse("postgresql://u@h1/db", |o| o).expect("parses");
-        assert_eq!((hosts(&one), one.attrs), (vec!["h1:5432"], SessionAttrs::Any));
+        assert_eq!(
+            (hosts(&one), one.attrs),
+            (vec!["h1:5432"], SessionAttrs::Any)
+        );
     }
 
     #[test]
     fn a_standby_target_is_refused_with_the_reason() {
         for attrs in ["standby", "prefer-standby", "read-only"] {
             let url = format!("postgres://u:secret@h1,h2/db?target_session_attrs={attrs}");
-            let err = Endpoint::parse(&url, |o| o).expect_err("refused").to_string();
-            assert!(err.contains("would send etcdsql's writes to a standby"), "{err}");
+            let err = Endpoint::parse(&url, |o| o)
+                .expect_err("refused")
+                .to_string();
+            assert!(
+                err.contains("would send etcdsql's writes to a standby"),
+                "{err}"
+            );
             assert!(!err.contains("secret"), "{err}");
         }
         let err = Endpoint::parse("postgres://u@h1,,h2/db", |o| o).expect_err("refused");
