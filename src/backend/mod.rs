@@ -162,7 +162,7 @@ pub enum Error {
     UnsupportedEndpoint(String),
     #[error("invalid endpoint {endpoint:?}: {reason}")]
     Endpoint { endpoint: String, reason: String },
-    #[error("no PostgreSQL host of the endpoint accepts writes ({0})")]
+    #[error("no PostgreSQL host of the endpoint can be used: {0}")]
     NoPrimary(String),
     #[error("cannot create the database folder {path}: {source}")]
     CreateDir {

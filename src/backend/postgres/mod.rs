@@ -52,7 +52,8 @@ pub struct Postgres {
     /// The pool of the primary in use; replaced when a failover moves the primary
     /// ([`primary`]).
     pools: watch::Receiver<PgPool>,
-    commits: watch::Receiver<i64>,
+    /// Other processes' commits, unless NOTIFYs do not reach this process.
+    commits: Option<watch::Receiver<i64>>,
     /// The LISTEN task and, with several hosts, the task that follows the primary; stopped
     /// when the backend closes.
     tasks: Vec<tokio::task::JoinHandle<()>>,
@@ -129,13 +130,23 @@ impl Postgres {
             // Nothing to follow; the channel stays open while the backend lives.
             tasks.push(tokio::spawn(async move { pool_tx.closed().await }));
         }
-        let (tx, commits) = watch::channel(0);
-        let listening = listen(&first).await?;
-        tasks.push(tokio::spawn(listen_for_commits(
-            pools.clone(),
-            tx,
-            listening,
-        )));
+        let mut listening = listen(&first).await?;
+        let commits = if notifications_arrive(&first, &mut listening).await? {
+            let (tx, commits) = watch::channel(0);
+            tasks.push(tokio::spawn(listen_for_commits(
+                pools.clone(),
+                tx,
+                listening,
+            )));
+            Some(commits)
+        } else {
+            tracing::warn!(
+                "a NOTIFY sent to this database never reached this process's LISTEN (a \
+                 connection pooler in transaction mode?): other instances' writes reach this \
+                 one's watchers and reads only at each --watch-poll-interval"
+            );
+            None
+        };
         Ok(Self {
             pools,
             commits,
@@ -221,6 +232,29 @@ async fn listen(pool: &PgPool) -> std::result::Result<PgListener, sqlx::Error> {
     let mut listener = PgListener::connect_with(pool).await?;
     listener.listen(COMMIT_CHANNEL).await?;
     Ok(listener)
+}
+
+/// Whether a NOTIFY sent through the pool reaches `listener`, within a few seconds. Behind a
+/// connection pooler in transaction mode the LISTEN and the NOTIFY run on whatever server
+/// connections the pooler picks, and notifications are lost.
+async fn notifications_arrive(pool: &PgPool, listener: &mut PgListener) -> Result<bool> {
+    let token = format!("probe-{}", rand::random::<u64>());
+    sqlx::query("SELECT pg_notify($1, $2)")
+        .bind(COMMIT_CHANNEL)
+        .bind(&token)
+        .execute(pool)
+        .await?;
+    let heard = async {
+        while let Some(note) = listener.try_recv().await? {
+            if note.payload() == token {
+                return Ok(true);
+            }
+        }
+        Ok::<bool, sqlx::Error>(false)
+    };
+    Ok(tokio::time::timeout(Duration::from_secs(5), heard)
+        .await
+        .unwrap_or(Ok(false))?)
 }
 
 /// Follows NOTIFYs on the commit channel, starting with `listener` (already listening, so no
@@ -374,7 +408,7 @@ impl Connector for Postgres {
     }
 
     fn commit_notifications(&self) -> Option<watch::Receiver<i64>> {
-        Some(self.commits.clone())
+        self.commits.clone()
     }
 
     async fn close(&self) {
