@@ -87,13 +87,29 @@ if psql "$postgres/postgres" -Atqc 'SELECT 1' >/dev/null 2>&1; then
     if command -v pg_ctlcluster >/dev/null && [[ $postgres == *@127.0.0.1:* ]]; then
         outage=1
     fi
+    # tests/failover.rs makes clusters of its own with pg_createcluster and pg_basebackup: root
+    # and the local server's Debian tools.
+    failover=0
+    if [ "$outage" = 1 ] && [ "$(id -u)" -eq 0 ] && command -v pg_createcluster >/dev/null &&
+        command -v pg_basebackup >/dev/null; then
+        failover=1
+    fi
     export ETCDSQL_TEST_BACKEND=postgres ETCDSQL_TEST_OUTAGE=$outage ETCDSQL_TEST_POSTGRES="$postgres"
+    export ETCDSQL_TEST_FAILOVER=$failover
+    if [ "$failover" = 1 ]; then
+        # Clusters a killed earlier run left behind (the test drops its own when it ends).
+        pg_lsclusters -h | awk '$2 ~ /^etcdsql_fo_/ {print $1, $2}' | while read -r v name; do
+            pg_dropcluster --stop "$v" "$name"
+        done
+    fi
     bounded 2400 cargo test --locked
     # The guarantee checker runs over three instances here.
     contended=(watch_guarantees multi_instance reads lock_election)
     if [ "$outage" = 1 ]; then contended+=(outage); fi
     bash tests/contended.sh "$rounds" "${contended[@]}"
-    unset ETCDSQL_TEST_BACKEND ETCDSQL_TEST_OUTAGE ETCDSQL_TEST_POSTGRES
+    # A failover round takes half a minute: fewer rounds.
+    if [ "$failover" = 1 ]; then bash tests/contended.sh 3 failover; fi
+    unset ETCDSQL_TEST_BACKEND ETCDSQL_TEST_OUTAGE ETCDSQL_TEST_POSTGRES ETCDSQL_TEST_FAILOVER
     ETCDSQL_POSTGRES="$postgres" bash conformance/run.sh etcdsql
     ETCDSQL_POSTGRES="$postgres" bash conformance/kube-apiserver/run.sh postgres
     ETCDSQL_POSTGRES="$postgres" bash conformance/k8s-storage/run.sh postgres

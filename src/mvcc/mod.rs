@@ -602,10 +602,12 @@ impl Store {
         // A revision older than the index's history is SQL's to read: no round trip is spent
         // on it.
         if applied.serving() && (req.revision <= 0 || req.revision >= applied.floor()) {
+            // Taken before the probe: the database holds everything served until then, unless a
+            // failover lost it; the index may move past the probe's answer meanwhile.
+            let served = applied.revision();
             // One shared round trip for the cluster's revisions; the rest comes from memory.
             let revisions = self.inner.probe.revisions(&self.inner.backend).await?;
             let current = revisions.current;
-            let served = applied.revision();
             if current < served {
                 // Memory holds revisions the database lost; the tailer fences past them.
                 return Err(Error::Rewound {

@@ -613,8 +613,10 @@ async fn run_tailer(
 /// was fenced past H, starts over there (see [`crate::mvcc`]'s fence).
 async fn tail_once(hub: &Hub, store: &Store) -> mvcc::Result<()> {
     loop {
-        let revisions = store.revisions().await?;
+        // Taken before the database is asked: it holds everything served until then, unless a
+        // failover lost it; this process may commit more meanwhile.
         let served = store.high_water().max(hub.delivered());
+        let revisions = store.revisions().await?;
         if revisions.current < served {
             store.fence(served).await?;
             continue;
