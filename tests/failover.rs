@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{TestServer, current_revision, on_postgres};
+use common::{TestServer, current_revision, etcdsql_tool, on_postgres};
 use etcd_client::{Client, GetOptions, WatchOptions};
 use tokio::time::Instant;
 use tonic::Code;
@@ -345,8 +345,22 @@ struct Outcome {
     start: i64,
 }
 
+/// Two instances under load through a failover, with a synchronous standby, or with an
+/// asynchronous one cut off before the last writes; checks that revisions only grew. The
+/// clusters and the guard that runs one failover at a time go with the outcome.
+async fn fail_over(
+    synchronous: bool,
+) -> (Outcome, [Cluster; 2], tokio::sync::MutexGuard<'static, ()>) {
+    let serial = SERIAL.lock().await;
+    let mode = if synchronous { "sync" } else { "async" };
+    let (primary, standby) = primary_and_standby(mode, synchronous).await;
+    let outcome = under_load(&primary, &standby, !synchronous).await;
+    revisions_only_grow(&outcome);
+    (outcome, [primary, standby], serial)
+}
+
 /// Two instances under load through a failover; `cut_off` cuts the standby off first.
-async fn fail_over(primary: &Cluster, standby: &Cluster, cut_off: bool) -> Outcome {
+async fn under_load(primary: &Cluster, standby: &Cluster, cut_off: bool) -> Outcome {
     let endpoint = format!(
         "postgres://postgres@127.0.0.1:{},127.0.0.1:{}/etcdsql_failover",
         primary.port, standby.port
@@ -481,6 +495,20 @@ fn revisions_only_grow(outcome: &Outcome) {
     );
 }
 
+/// Stops the servers, then checks the promoted standby's log with `etcdsql check`.
+async fn stop_and_check(outcome: Outcome, promoted: &Cluster) {
+    let Outcome { servers, .. } = outcome;
+    for server in servers {
+        server.stop().await;
+    }
+    let endpoint = format!(
+        "postgres://postgres@127.0.0.1:{}/etcdsql_failover",
+        promoted.port
+    );
+    let (code, out) = etcdsql_tool(&["--endpoint", &endpoint, "check"]);
+    assert_eq!(code, 0, "etcdsql check after the failover: {out}");
+}
+
 /// The store's keys under `f/` with their mod revisions.
 async fn stored(client: &Client) -> BTreeMap<String, i64> {
     let mut client = client.clone();
@@ -499,10 +527,7 @@ async fn synchronous_standby_keeps_every_acknowledged_write_and_watch() {
     if !enabled() {
         return;
     }
-    let _serial = SERIAL.lock().await;
-    let (primary, standby) = primary_and_standby("sync", true).await;
-    let outcome = fail_over(&primary, &standby, false).await;
-    revisions_only_grow(&outcome);
+    let (outcome, clusters, _serial) = fail_over(true).await;
 
     let keys = stored(&outcome.clients[1]).await;
     let acks: Vec<&Ack> = outcome.acks.iter().flatten().collect();
@@ -541,10 +566,7 @@ async fn synchronous_standby_keeps_every_acknowledged_write_and_watch() {
             "nothing is lost with a synchronous standby"
         );
     }
-    let Outcome { servers, .. } = outcome;
-    for server in servers {
-        server.stop().await;
-    }
+    stop_and_check(outcome, &clusters[1]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -552,10 +574,7 @@ async fn asynchronous_standby_loses_the_tail_but_revisions_never_go_back() {
     if !enabled() {
         return;
     }
-    let _serial = SERIAL.lock().await;
-    let (primary, standby) = primary_and_standby("async", false).await;
-    let outcome = fail_over(&primary, &standby, true).await;
-    revisions_only_grow(&outcome);
+    let (outcome, clusters, _serial) = fail_over(false).await;
     let standby_had = outcome.standby_had.expect("the standby was cut off");
 
     let keys = stored(&outcome.clients[0]).await;
@@ -645,8 +664,5 @@ async fn asynchronous_standby_loses_the_tail_but_revisions_never_go_back() {
             }
         }
     }
-    let Outcome { servers, .. } = outcome;
-    for server in servers {
-        server.stop().await;
-    }
+    stop_and_check(outcome, &clusters[1]).await;
 }

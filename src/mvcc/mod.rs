@@ -4,7 +4,9 @@
 //! The store's revision starts at 1 and grows by exactly one for each txn that changes
 //! something; all changes of one txn share it. Revisions are allocated only by the single
 //! writer task, inside the backend's exclusive write transaction, so they are gapless and
-//! become visible in order: a reader sees either all of a revision or none of it.
+//! become visible in order: a reader sees either all of a revision or none of it. The one
+//! jump is a history fence ([`fence`]): after a failover that lost revisions, the store moves
+//! past everything served so that no revision number is used twice.
 //!
 //! # Group commit
 //! Every write (Put, DeleteRange, Txn, Compact, lease changes) is sent to the writer task. It

@@ -33,6 +33,12 @@
 //!   in the same publish, under the registry lock, after the H check: reads served from memory
 //!   and watches see the same revisions in the same order, and the index is at H whenever the
 //!   lock is free.
+//! - **Fences.** When the log was fenced past H (a failover lost revisions this or another
+//!   process served; [`mvcc`]'s fence), the tailer moves H forward to the database's current
+//!   revision in one step under the registry lock, reloads the applied index there, and takes
+//!   every watcher off the index as if its stream had fallen behind: each then catches up from
+//!   the log, finds its next revision below the compact revision, and is cancelled. No event of
+//!   the shorter history is ever delivered after one of the longer.
 //! - **Routing.** Single-key watchers are found by hash lookup; range watchers through a
 //!   B-tree ordered by range start, so an event is tested only against ranges that start at or
 //!   before its key, never against every watcher.
@@ -428,9 +434,7 @@ impl Hub {
         }
         true
     }
-}
 
-impl Hub {
     /// Starts over at the database's current revision, past a history fence H has not
     /// reached: the applied index is reloaded from the log, and every watcher is taken off the
     /// index as if its stream had fallen behind, so that it catches up from the log, finds its

@@ -28,6 +28,9 @@
 //!   miss.
 //! - **One revision per read.** A reader holds the read lock for all it takes from the index, so
 //!   its keys, values and counts are those of one revision, which it reports in its header.
+//! - **Reset past a fence.** After a failover lost revisions ([`crate::mvcc`]'s fence) the
+//!   hub replaces the whole index with the log's state at a revision above everything it held
+//!   ([`Applied::reset`]); its history window starts again there.
 //! - **Fed or unused.** Until a publisher is installed ([`Applied::feed`]) nothing moves it: the
 //!   store then never serves from it. If it ever sees a gap, it stops serving reads for good
 //!   (logged): an index that might be wrong is never read.
