@@ -10,6 +10,7 @@ cd "$(dirname "$0")"
 
 need=()
 command -v protoc >/dev/null || need+=(protobuf-compiler) # the etcd-client test crate builds its protos
+command -v iptables >/dev/null || need+=(iptables)           # tests/failover.rs cuts a primary off
 command -v etcd >/dev/null || need+=(etcd-server)          # the reference server
 command -v etcdctl >/dev/null || need+=(etcd-client)       # drives the conformance scenarios
 command -v psql >/dev/null || need+=(postgresql-client)     # checks and cleans the PostgreSQL server

@@ -345,22 +345,95 @@ struct Outcome {
     start: i64,
 }
 
+/// How the primary fails.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Failure {
+    /// Stopped hard: its connections are reset at once.
+    Crash,
+    /// Gone without a word: every packet to and from it is dropped, so connections hang until
+    /// etcdsql's own timeouts end them.
+    Vanish,
+}
+
+/// Drops every packet to and from a port on the loopback interface while it lives.
+struct Blackhole {
+    rules: [[String; 10]; 2],
+}
+
+impl Blackhole {
+    fn new(port: u16) -> Self {
+        let rule = |direction: &str| {
+            [
+                "INPUT",
+                "-i",
+                "lo",
+                "-p",
+                "tcp",
+                direction,
+                &port.to_string(),
+                "-j",
+                "DROP",
+                "-w",
+            ]
+            .map(str::to_owned)
+        };
+        let hole = Self {
+            rules: [rule("--dport"), rule("--sport")],
+        };
+        for rule in &hole.rules {
+            let mut args = vec!["-I".to_owned()];
+            args.extend(rule.iter().cloned());
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            run("iptables", &args);
+        }
+        hole
+    }
+}
+
+impl Drop for Blackhole {
+    fn drop(&mut self) {
+        for rule in &self.rules {
+            let _ = Command::new("iptables").arg("-D").args(rule).output();
+        }
+    }
+}
+
+/// What a test holds until it ends, dropped in this order: any blackhole (so that the old
+/// primary stops at once, its servers are gone by then), the clusters, then the guard that
+/// runs one failover at a time.
+struct Held {
+    _blackhole: Option<Blackhole>,
+    clusters: [Cluster; 2],
+    _serial: tokio::sync::MutexGuard<'static, ()>,
+}
+
 /// Two instances under load through a failover, with a synchronous standby, or with an
-/// asynchronous one cut off before the last writes; checks that revisions only grew. The
-/// clusters and the guard that runs one failover at a time go with the outcome.
-async fn fail_over(
-    synchronous: bool,
-) -> (Outcome, [Cluster; 2], tokio::sync::MutexGuard<'static, ()>) {
+/// asynchronous one cut off before the last writes; checks that revisions only grew.
+async fn fail_over(synchronous: bool, failure: Failure) -> (Outcome, Held) {
     let serial = SERIAL.lock().await;
-    let mode = if synchronous { "sync" } else { "async" };
+    let mode = match (synchronous, failure) {
+        (true, Failure::Crash) => "sync",
+        (false, Failure::Crash) => "async",
+        (_, Failure::Vanish) => "vanish",
+    };
     let (primary, standby) = primary_and_standby(mode, synchronous).await;
-    let outcome = under_load(&primary, &standby, !synchronous).await;
+    let (outcome, blackhole) = under_load(&primary, &standby, !synchronous, failure).await;
     revisions_only_grow(&outcome);
-    (outcome, [primary, standby], serial)
+    let held = Held {
+        _blackhole: blackhole,
+        clusters: [primary, standby],
+        _serial: serial,
+    };
+    (outcome, held)
 }
 
 /// Two instances under load through a failover; `cut_off` cuts the standby off first.
-async fn under_load(primary: &Cluster, standby: &Cluster, cut_off: bool) -> Outcome {
+async fn under_load(
+    primary: &Cluster,
+    standby: &Cluster,
+    cut_off: bool,
+    failure: Failure,
+) -> (Outcome, Option<Blackhole>) {
     let endpoint = format!(
         "postgres://postgres@127.0.0.1:{},127.0.0.1:{}/etcdsql_failover",
         primary.port, standby.port
@@ -409,7 +482,13 @@ async fn under_load(primary: &Cluster, standby: &Cluster, cut_off: bool) -> Outc
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
     let killed = Instant::now();
-    tokio::task::block_in_place(|| primary.ctl(&["-m", "immediate", "stop"]));
+    let blackhole = match failure {
+        Failure::Crash => {
+            tokio::task::block_in_place(|| primary.ctl(&["-m", "immediate", "stop"]));
+            None
+        }
+        Failure::Vanish => Some(Blackhole::new(primary.port)),
+    };
     tokio::time::sleep(Duration::from_secs(1)).await;
     let promoted = Instant::now();
     tokio::task::block_in_place(|| standby.ctl(&["promote"]));
@@ -438,7 +517,7 @@ async fn under_load(primary: &Cluster, standby: &Cluster, cut_off: bool) -> Outc
         acks.push(w.await.expect("a writer ends"));
     }
     let _dirs = dirs;
-    Outcome {
+    let outcome = Outcome {
         acks,
         killed,
         promoted,
@@ -447,7 +526,8 @@ async fn under_load(primary: &Cluster, standby: &Cluster, cut_off: bool) -> Outc
         clients,
         watches: [seen_a, seen_b],
         start,
-    }
+    };
+    (outcome, blackhole)
 }
 
 /// Checks that hold in both modes: each writer's revisions grow, no revision is acknowledged
@@ -524,10 +604,24 @@ async fn stored(client: &Client) -> BTreeMap<String, i64> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn synchronous_standby_keeps_every_acknowledged_write_and_watch() {
-    if !enabled() {
-        return;
+    if enabled() {
+        nothing_lost(Failure::Crash).await;
     }
-    let (outcome, clusters, _serial) = fail_over(true).await;
+}
+
+/// A primary whose host or network fails sends no reset: requests in flight hang until
+/// etcdsql's socket timeouts end them, and then go to the promoted standby.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_primary_that_vanishes_without_a_word_is_left_behind_too() {
+    if enabled() {
+        nothing_lost(Failure::Vanish).await;
+    }
+}
+
+/// A failover to a synchronous standby: every acknowledged write is there, and each watch
+/// carries on with every revision once, in order.
+async fn nothing_lost(failure: Failure) {
+    let (outcome, held) = fail_over(true, failure).await;
 
     let keys = stored(&outcome.clients[1]).await;
     let acks: Vec<&Ack> = outcome.acks.iter().flatten().collect();
@@ -566,7 +660,7 @@ async fn synchronous_standby_keeps_every_acknowledged_write_and_watch() {
             "nothing is lost with a synchronous standby"
         );
     }
-    stop_and_check(outcome, &clusters[1]).await;
+    stop_and_check(outcome, &held.clusters[1]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -574,7 +668,7 @@ async fn asynchronous_standby_loses_the_tail_but_revisions_never_go_back() {
     if !enabled() {
         return;
     }
-    let (outcome, clusters, _serial) = fail_over(false).await;
+    let (outcome, held) = fail_over(false, Failure::Crash).await;
     let standby_had = outcome.standby_had.expect("the standby was cut off");
 
     let keys = stored(&outcome.clients[0]).await;
@@ -664,5 +758,5 @@ async fn asynchronous_standby_loses_the_tail_but_revisions_never_go_back() {
             }
         }
     }
-    stop_and_check(outcome, &clusters[1]).await;
+    stop_and_check(outcome, &held.clusters[1]).await;
 }

@@ -78,14 +78,21 @@ impl Postgres {
         create_database_if_missing(&options).await?;
         let settings = pool.clone();
         let read_write = endpoint.attrs == SessionAttrs::ReadWrite;
+        let db_ports: std::sync::Arc<[u16]> = endpoint
+            .hosts
+            .iter()
+            .map(|h| h.options.get_port())
+            .collect();
         let new_pool = move |options: PgConnectOptions| {
+            let db_ports = db_ports.clone();
             PgPoolOptions::new()
                 .max_connections(settings.max_connections)
                 .idle_timeout(Some(settings.idle_timeout))
                 .acquire_timeout(settings.connect_timeout)
                 .after_connect(move |conn, _| {
+                    let db_ports = db_ports.clone();
                     Box::pin(async move {
-                        disable_nagle();
+                        tune_sockets(&db_ports);
                         if read_write {
                             primary::accepts_writes(conn)
                                 .await
@@ -160,7 +167,12 @@ impl Postgres {
     }
 }
 
-/// Turns off Nagle's algorithm on every TCP socket of this process.
+/// How long a connection to the database may leave data unacknowledged, or idle without
+/// answering keepalives, before the kernel drops it.
+const DB_SOCKET_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// Turns off Nagle's algorithm on every TCP socket of this process, and bounds how long a
+/// connection to the database (a socket whose peer port is one of `db_ports`) can hang.
 ///
 /// sqlx 0.9.0 opens its TCP connections without `TCP_NODELAY` (sqlx issue #4335, fixed after
 /// that release). A statement larger than one TCP segment — a batch insert, or one value over
@@ -169,13 +181,23 @@ impl Postgres {
 /// and sets the option on the process's TCP sockets, which it found through `/proc/self/fd`. The
 /// option is right for all of them (gRPC and HTTP serving latency-bound requests); non-TCP
 /// sockets refuse it, harmlessly.
-fn disable_nagle() {
+///
+/// A primary that vanishes without closing its connections (a host or network failure sends
+/// no reset, unlike a crash) would leave a statement, and the writer with it, waiting until the
+/// kernel gives up retransmitting, about 15 minutes later. Keepalives and a user timeout
+/// ([`DB_SOCKET_TIMEOUT`]) end such a connection within seconds, so the request fails and the
+/// next one goes to the new primary.
+fn tune_sockets(db_ports: &[u16]) {
     #[cfg(target_os = "linux")]
     {
         use std::os::fd::BorrowedFd;
         let Ok(entries) = std::fs::read_dir("/proc/self/fd") else {
             return;
         };
+        let keepalive = socket2::TcpKeepalive::new()
+            .with_time(DB_SOCKET_TIMEOUT / 3)
+            .with_interval(DB_SOCKET_TIMEOUT / 6)
+            .with_retries(3);
         for entry in entries.flatten() {
             let is_socket = std::fs::read_link(entry.path())
                 .is_ok_and(|target| target.to_string_lossy().starts_with("socket:"));
@@ -185,10 +207,20 @@ fn disable_nagle() {
                 .and_then(|n| n.parse::<i32>().ok());
             if let (true, Some(fd)) = (is_socket, fd) {
                 // SAFETY: the descriptor was open a moment ago. If another thread closes it
-                // first, setsockopt fails with EBADF, or sets TCP_NODELAY on whatever socket
+                // first, setsockopt fails with EBADF, or sets these options on whatever socket
                 // reused the number: harmless either way, and nothing is read or written.
                 let socket = unsafe { BorrowedFd::borrow_raw(fd) };
-                let _ = socket2::SockRef::from(&socket).set_tcp_nodelay(true);
+                let socket = socket2::SockRef::from(&socket);
+                let _ = socket.set_tcp_nodelay(true);
+                let to_database = socket
+                    .peer_addr()
+                    .ok()
+                    .and_then(|peer| peer.as_socket())
+                    .is_some_and(|peer| db_ports.contains(&peer.port()));
+                if to_database {
+                    let _ = socket.set_tcp_keepalive(&keepalive);
+                    let _ = socket.set_tcp_user_timeout(Some(DB_SOCKET_TIMEOUT));
+                }
             }
         }
     }

@@ -156,16 +156,25 @@ impl Endpoint {
                     .map_err(|e| e.to_string())?,
                 Err(e) => return Err(e.to_string()),
             };
-            let verdict = match self.attrs {
-                SessionAttrs::Any => Ok(()),
-                SessionAttrs::ReadWrite => accepts_writes(&mut conn).await,
-            };
+            let verdict = self.suits(&mut conn).await;
             let _ = conn.close().await;
             verdict
         };
         tokio::time::timeout(timeout, check)
             .await
             .unwrap_or_else(|_| Err(format!("no answer within {timeout:?}")))
+    }
+
+    /// `Ok` if the session is one `target_session_attrs` accepts; otherwise why not.
+    async fn suits(&self, conn: &mut PgConnection) -> std::result::Result<(), String> {
+        match self.attrs {
+            SessionAttrs::Any => sqlx::query("SELECT 1")
+                .execute(&mut *conn)
+                .await
+                .map(drop)
+                .map_err(|e| e.to_string()),
+            SessionAttrs::ReadWrite => accepts_writes(conn).await,
+        }
     }
 }
 
@@ -190,8 +199,8 @@ pub async fn accepts_writes(conn: &mut PgConnection) -> std::result::Result<(), 
 }
 
 /// Watches the primary in use (`current`, an index into the endpoint's hosts) and, once it is
-/// gone or stops accepting writes, publishes a pool for the first host that accepts them,
-/// made by `new_pool`. Runs until `pools` has no receivers left.
+/// gone or (under read-write) stops accepting writes, publishes a pool for the first host that
+/// suits, made by `new_pool`. Runs until `pools` has no receivers left.
 pub async fn follow_primary(
     endpoint: Endpoint,
     mut current: usize,
@@ -211,7 +220,7 @@ pub async fn follow_primary(
                 checker = Some(host.options.connect().await.map_err(|e| e.to_string())?);
             }
             let conn = checker.as_mut().ok_or("no connection")?;
-            accepts_writes(conn).await
+            endpoint.suits(conn).await
         };
         let why = match tokio::time::timeout(timeout, check).await {
             Ok(Ok(())) => continue,
