@@ -11,6 +11,7 @@ cd "$(dirname "$0")"
 need=()
 command -v protoc >/dev/null || need+=(protobuf-compiler) # the etcd-client test crate builds its protos
 command -v iptables >/dev/null || need+=(iptables)           # tests/failover.rs cuts a primary off
+command -v pgbouncer >/dev/null || need+=(pgbouncer)         # tests/pooler.rs puts one in front
 command -v etcd >/dev/null || need+=(etcd-server)          # the reference server
 command -v etcdctl >/dev/null || need+=(etcd-client)       # drives the conformance scenarios
 command -v psql >/dev/null || need+=(postgresql-client)     # checks and cleans the PostgreSQL server
@@ -97,6 +98,12 @@ if psql "$postgres/postgres" -Atqc 'SELECT 1' >/dev/null 2>&1; then
     fi
     export ETCDSQL_TEST_BACKEND=postgres ETCDSQL_TEST_OUTAGE=$outage ETCDSQL_TEST_POSTGRES="$postgres"
     export ETCDSQL_TEST_FAILOVER=$failover
+    # tests/pooler.rs starts pgbouncer as postgres in front of the local server.
+    pooler=0
+    if [ "$outage" = 1 ] && [ "$(id -u)" -eq 0 ] && command -v pgbouncer >/dev/null; then
+        pooler=1
+    fi
+    export ETCDSQL_TEST_POOLER=$pooler
     if [ "$failover" = 1 ]; then
         # Clusters a killed earlier run left behind (the test drops its own when it ends).
         pg_lsclusters -h | awk '$2 ~ /^etcdsql_fo_/ {print $1, $2}' | while read -r v name; do
@@ -110,7 +117,8 @@ if psql "$postgres/postgres" -Atqc 'SELECT 1' >/dev/null 2>&1; then
     bash tests/contended.sh "$rounds" "${contended[@]}"
     # A failover round takes half a minute: fewer rounds.
     if [ "$failover" = 1 ]; then bash tests/contended.sh 3 failover; fi
-    unset ETCDSQL_TEST_BACKEND ETCDSQL_TEST_OUTAGE ETCDSQL_TEST_POSTGRES ETCDSQL_TEST_FAILOVER
+    unset ETCDSQL_TEST_BACKEND ETCDSQL_TEST_OUTAGE ETCDSQL_TEST_POSTGRES ETCDSQL_TEST_FAILOVER \
+        ETCDSQL_TEST_POOLER
     ETCDSQL_POSTGRES="$postgres" bash conformance/run.sh etcdsql
     ETCDSQL_POSTGRES="$postgres" bash conformance/kube-apiserver/run.sh postgres
     ETCDSQL_POSTGRES="$postgres" bash conformance/k8s-storage/run.sh postgres
