@@ -16,7 +16,14 @@
 //! # Wake-ups
 //! A write transaction that moves the current revision also sends `NOTIFY` on
 //! [`COMMIT_CHANNEL`]; PostgreSQL delivers it at commit. Each process listens, so its watch hub
-//! wakes within milliseconds of another process's commit; polling stays as the fallback.
+//! wakes within milliseconds of another process's commit; polling stays as the fallback (and
+//! the only way, with a warning, if a NOTIFY sent at start never reaches this process's LISTEN).
+//!
+//! # Failover
+//! The endpoint may name several hosts; the backend writes to the one that accepts writes and
+//! moves its pool and its LISTEN to the new primary after a failover ([`primary`]). What it
+//! does when the new primary lacks revisions already served is the store's history fence
+//! (`crate::mvcc`).
 
 mod primary;
 mod sql;
