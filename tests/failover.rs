@@ -292,9 +292,9 @@ fn watcher(mut client: Client, from: i64) -> (Arc<Mutex<Seen>>, tokio::task::Joi
     (seen, task)
 }
 
-/// Waits, bounded, until the watch has seen revision `through` or was cancelled.
-async fn settle(seen: &Mutex<Seen>, through: i64, which: &str) {
-    let deadline = Instant::now() + Duration::from_secs(60);
+/// Waits, up to `bound`, until the watch has seen revision `through` or was cancelled.
+async fn settle(seen: &Mutex<Seen>, through: i64, which: &str, bound: Duration) {
+    let deadline = Instant::now() + bound;
     loop {
         {
             let seen = seen.lock().unwrap();
@@ -304,7 +304,7 @@ async fn settle(seen: &Mutex<Seen>, through: i64, which: &str) {
         }
         assert!(
             Instant::now() < deadline,
-            "the watch on {which} neither reached revision {through} nor was cancelled in 60 s"
+            "the watch on {which} neither reached revision {through} nor was cancelled in {bound:?}"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -446,6 +446,9 @@ async fn under_load(
             TestServer::start_with(dir.path(), move |c| {
                 c.endpoint = endpoint;
                 c.db_connect_timeout = Duration::from_secs(1);
+                // Far longer than the tests' bounds: another instance's commits reach the
+                // watchers through NOTIFY, so the LISTEN must have followed the primary.
+                c.watch_poll_interval = Duration::from_secs(600);
             })
             .await,
         );
@@ -634,7 +637,13 @@ async fn nothing_lost(failure: Failure) {
     }
     let last = *keys.values().max().expect("keys");
     for (i, seen) in outcome.watches.iter().enumerate() {
-        settle(seen, last, &format!("instance {i}")).await;
+        settle(
+            seen,
+            last,
+            &format!("instance {i}"),
+            Duration::from_secs(60),
+        )
+        .await;
         let seen = seen.lock().unwrap();
         assert_eq!(seen.cancelled, None, "instance {i}'s watch was cancelled");
         // Each key under f/ was written once, so its revision is an event the watch must
@@ -660,6 +669,20 @@ async fn nothing_lost(failure: Failure) {
             "nothing is lost with a synchronous standby"
         );
     }
+    // A write on one instance reaches the other's watcher through NOTIFY alone.
+    let put = outcome.clients[0]
+        .clone()
+        .put("f/after", "v", None)
+        .await
+        .expect("a put after the failover");
+    let revision = put.header().expect("a header").revision();
+    settle(
+        &outcome.watches[1],
+        revision,
+        "instance 1, for a write on instance 0",
+        Duration::from_secs(30),
+    )
+    .await;
     stop_and_check(outcome, &held.clusters[1]).await;
 }
 
@@ -706,7 +729,13 @@ async fn asynchronous_standby_loses_the_tail_but_revisions_never_go_back() {
     // Each watch is cancelled as compacted past everything served before; a client that
     // watches again from the compact revision hears of later writes.
     for (i, seen) in outcome.watches.iter().enumerate() {
-        settle(seen, i64::MAX, &format!("instance {i}")).await;
+        settle(
+            seen,
+            i64::MAX,
+            &format!("instance {i}"),
+            Duration::from_secs(60),
+        )
+        .await;
         let (revisions, compact) = {
             let seen = seen.lock().unwrap();
             (seen.revisions.clone(), seen.cancelled.expect("cancelled"))
@@ -729,7 +758,9 @@ async fn asynchronous_standby_loses_the_tail_but_revisions_never_go_back() {
             .watch("f/again/", Some(options))
             .await
             .expect("watch");
-        let put = client
+        // Written through the other instance: it reaches this one through NOTIFY alone.
+        let put = outcome.clients[1 - i]
+            .clone()
             .put(format!("f/again/{i}"), "v", None)
             .await
             .expect("put");

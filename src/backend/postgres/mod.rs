@@ -298,9 +298,9 @@ async fn notifications_arrive(pool: &PgPool, listener: &mut PgListener) -> Resul
 
 /// Follows NOTIFYs on the commit channel, starting with `listener` (already listening, so no
 /// commit after the backend opened is missed); reconnects after outages, and to the new
-/// primary when the pool changes. After a reconnection it reports the current revision, since
-/// NOTIFYs sent while it was away are lost: the watch hub then reads whatever it missed rather
-/// than waiting for its next poll.
+/// primary when the pool changes. After a reconnection it wakes the watch hub, since NOTIFYs
+/// sent while it was away are lost: the hub then reads whatever it missed (or finds the history
+/// shorter than it served) rather than waiting for its next poll.
 async fn listen_for_commits(
     mut pools: watch::Receiver<PgPool>,
     commits: watch::Sender<i64>,
@@ -319,11 +319,9 @@ async fn listen_for_commits(
                     )
                     .fetch_one(&pool)
                     .await?;
-                    commits.send_if_modified(|seen| {
-                        let newer = current > *seen;
-                        *seen = (*seen).max(current);
-                        newer
-                    });
+                    // Wakes the hub even if the revision is not newer: after a failover it
+                    // may be lower, which the hub must hear of to fence the store.
+                    commits.send_modify(|seen| *seen = (*seen).max(current));
                     listener
                 }
             };
