@@ -40,10 +40,12 @@ fn db_ctl(action: &str) {
     } else {
         &[]
     };
+    // pg_ctl waits 60 s by default; crash recovery on a machine busy with other tests can
+    // take longer than that, and is not what this test is about.
     let status = Command::new("pg_ctlcluster")
         .arg("--skip-systemctl-redirect")
         .args(mode)
-        .args([version.as_str(), "main", action])
+        .args([version.as_str(), "main", action, "--", "-t", "300"])
         .status()
         .expect("pg_ctlcluster runs");
     assert!(status.success(), "pg_ctlcluster {action} failed");

@@ -160,10 +160,10 @@ async fn two_instances_behind_pgbouncer_in_session_mode() {
         server.stop().await;
     }
     drop(bouncer);
-    sqlx::query(sqlx::AssertSqlSafe(format!(
+    // Best effort: test.sh drops every test database at the end anyway.
+    let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
         "DROP DATABASE IF EXISTS \"{database}\" WITH (FORCE)"
     )))
     .execute(&admin)
-    .await
-    .unwrap();
+    .await;
 }
