@@ -44,16 +44,18 @@ impl Pgbouncer {
             ),
         )
         .unwrap();
-        // pgbouncer refuses to run as root; the folder must be readable by its user.
+        // pgbouncer refuses to run as root; the folder must be readable by the user it becomes.
         Command::new("chown")
             .args(["-R", "postgres"])
             .arg(dir.path())
             .status()
             .expect("chown runs");
-        let child = Command::new("runuser")
-            .args(["-u", "postgres", "--", "pgbouncer"])
+        // Its own -u, not runuser: the child must be pgbouncer itself, for Drop to stop it.
+        let child = Command::new("pgbouncer")
+            .args(["-u", "postgres"])
             .arg(&ini)
             .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
             .spawn()
             .expect("pgbouncer starts");
         let bouncer = Self {
