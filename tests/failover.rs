@@ -55,16 +55,8 @@ struct Cluster {
 
 impl Cluster {
     fn create(name: String, extra_conf: &str) -> Self {
-        let version = std::fs::read_dir("/etc/postgresql")
-            .expect("a Debian PostgreSQL installation")
-            .filter_map(|e| e.ok())
-            .map(|e| e.file_name().to_string_lossy().into_owned())
-            .max()
-            .expect("a PostgreSQL version");
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("a free port")
-            .port();
+        let version = common::postgres_version();
+        let port = common::free_port();
         let _ = Command::new("pg_dropcluster")
             .args(["--stop", &version, &name])
             .output();
@@ -104,24 +96,26 @@ impl Cluster {
         format!("/var/lib/postgresql/{}/{}", self.version, self.name)
     }
 
-    /// Runs `sql` as postgres in `database`; its output, unaligned.
+    /// psql's arguments to run `sql` as postgres in `database`, output unaligned.
+    fn psql_args<'a>(port: &'a str, database: &'a str, sql: &'a str) -> [&'a str; 10] {
+        [
+            "-h",
+            "127.0.0.1",
+            "-p",
+            port,
+            "-U",
+            "postgres",
+            "-d",
+            database,
+            "-Atqc",
+            sql,
+        ]
+    }
+
+    /// Runs `sql` as postgres in `database`; its output.
     fn sql(&self, database: &str, sql: &str) -> String {
         let port = self.port.to_string();
-        run(
-            "psql",
-            &[
-                "-h",
-                "127.0.0.1",
-                "-p",
-                &port,
-                "-U",
-                "postgres",
-                "-d",
-                database,
-                "-Atqc",
-                sql,
-            ],
-        )
+        run("psql", &Self::psql_args(&port, database, sql))
     }
 
     /// Waits, bounded, until `sql` answers `want`.
@@ -130,17 +124,7 @@ impl Cluster {
         loop {
             let port = self.port.to_string();
             let out = Command::new("psql")
-                .args([
-                    "-h",
-                    "127.0.0.1",
-                    "-p",
-                    &port,
-                    "-U",
-                    "postgres",
-                    "-d",
-                    database,
-                ])
-                .args(["-Atqc", sql])
+                .args(Self::psql_args(&port, database, sql))
                 .output()
                 .expect("psql runs");
             if String::from_utf8_lossy(&out.stdout).trim() == want {

@@ -43,10 +43,7 @@ impl Mariadb {
             .status()
             .expect("mariadb-install-db runs");
         assert!(installed.success(), "mariadb-install-db failed");
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("a free port")
-            .port();
+        let port = common::free_port();
         let child = Command::new("/usr/sbin/mariadbd")
             .args([
                 "--no-defaults",

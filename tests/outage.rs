@@ -26,12 +26,7 @@ fn db_ctl(action: &str) {
         mariadb_ctl(action);
         return;
     }
-    let version = std::fs::read_dir("/etc/postgresql")
-        .expect("a Debian PostgreSQL cluster")
-        .filter_map(|e| e.ok())
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .next()
-        .expect("a cluster version");
+    let version = common::postgres_version();
     // Stopped the way a crash stops it (no shutdown checkpoint, recovery from the WAL at the
     // next start): what etcdsql acknowledged must survive that, and a fast shutdown's
     // checkpoint could outlast pg_ctl's wait on a machine busy writing.

@@ -25,10 +25,7 @@ struct Pgbouncer {
 impl Pgbouncer {
     async fn start(postgres_port: u16) -> Self {
         let dir = tempfile::tempdir().unwrap();
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("a free port")
-            .port();
+        let port = common::free_port();
         let users = dir.path().join("users.txt");
         std::fs::write(&users, "\"postgres\" \"\"\n").unwrap();
         let ini = dir.path().join("pgbouncer.ini");

@@ -6,7 +6,7 @@ mod common;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use common::{TestServer, shared_database, status, test_endpoint};
+use common::{TestServer, free_port, shared_database, status, test_endpoint};
 use etcd_client::{Client, GetOptions};
 use tonic::Code;
 
@@ -206,14 +206,6 @@ impl Drop for Process {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// Starts the real binary and waits until it answers a read.

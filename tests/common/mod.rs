@@ -176,6 +176,24 @@ pub async fn wait_for_key(c: &mut Client, key: &[u8], present: bool, bound: Dura
     }
 }
 
+/// A port on 127.0.0.1 that was free a moment ago (the kernel's pick, released at once).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+/// The newest PostgreSQL version with Debian clusters on this machine (`/etc/postgresql/*`).
+pub fn postgres_version() -> String {
+    std::fs::read_dir("/etc/postgresql")
+        .expect("a Debian PostgreSQL installation")
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .max()
+        .expect("a PostgreSQL version")
+}
+
 /// Whether this test run targets PostgreSQL (`ETCDSQL_TEST_BACKEND=postgres`).
 pub fn on_postgres() -> bool {
     std::env::var("ETCDSQL_TEST_BACKEND").as_deref() == Ok("postgres")
@@ -396,13 +414,7 @@ impl RealEtcd {
         // Ports the kernel picks, released for etcd; a start that loses one to another process
         // is tried again on new ones.
         for _ in 0..5 {
-            let free = || {
-                std::net::TcpListener::bind("127.0.0.1:0")
-                    .and_then(|l| l.local_addr())
-                    .expect("a free port")
-                    .port()
-            };
-            let (client, peer) = (free(), free());
+            let (client, peer) = (free_port(), free_port());
             if client == peer {
                 continue;
             }
