@@ -59,6 +59,9 @@ pub struct Postgres {
     /// The pool of the primary in use; replaced when a failover moves the primary
     /// ([`primary`]).
     pools: watch::Receiver<PgPool>,
+    /// With a single host nothing replaces the pool; its sender lives here so that the
+    /// channel stays open (with several, the task that follows the primary holds it).
+    _single_pool: Option<watch::Sender<PgPool>>,
     /// Other processes' commits, unless NOTIFYs do not reach this process.
     commits: Option<watch::Receiver<i64>>,
     /// The LISTEN task and, with several hosts, the task that follows the primary; stopped
@@ -132,7 +135,7 @@ impl Postgres {
             .await?;
         let (pool_tx, pools) = watch::channel(first.clone());
         let mut tasks = Vec::new();
-        if endpoint.hosts.len() > 1 {
+        let single_pool = if endpoint.hosts.len() > 1 {
             tasks.push(tokio::spawn(primary::follow_primary(
                 endpoint,
                 primary,
@@ -140,10 +143,10 @@ impl Postgres {
                 new_pool,
                 pool.connect_timeout,
             )));
+            None
         } else {
-            // Nothing to follow; the channel stays open while the backend lives.
-            tasks.push(tokio::spawn(async move { pool_tx.closed().await }));
-        }
+            Some(pool_tx)
+        };
         let mut listening = listen(&first).await?;
         let commits = if notifications_arrive(&first, &mut listening).await? {
             let (tx, commits) = watch::channel(0);
@@ -163,6 +166,7 @@ impl Postgres {
         };
         Ok(Self {
             pools,
+            _single_pool: single_pool,
             commits,
             tasks,
         })
