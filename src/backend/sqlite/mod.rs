@@ -91,8 +91,14 @@ struct Readers {
     idle: std::sync::Mutex<Vec<ReaderConn>>,
     /// One permit per connection that may exist; closed when the backend closes.
     permits: Arc<Semaphore>,
+    /// How many permits `permits` started with.
+    limit: u32,
     options: SqliteConnectOptions,
 }
+
+/// How long closing waits for reader loans still out (a read in flight, a rollback on its way
+/// back to the idle list).
+const CLOSE_WAIT: Duration = Duration::from_secs(5);
 
 struct ReaderConn {
     conn: SqliteConnection,
@@ -141,6 +147,15 @@ impl Readers {
     }
 
     async fn close(&self) {
+        // Every connection must be closed here rather than dropped as the process exits: SQLite
+        // folds the WAL back into the database file only when its last connection closes. So
+        // the loans still out come home first; a rollback on its way back holds its permit.
+        let home = tokio::time::timeout(CLOSE_WAIT, self.permits.acquire_many(self.limit)).await;
+        if home.is_err() {
+            tracing::warn!(
+                "a read still holds a SQLite connection at shutdown; not waiting longer"
+            );
+        }
         self.permits.close();
         let idle = std::mem::take(&mut *self.idle());
         for reader in idle {
@@ -224,9 +239,11 @@ impl Sqlite {
             .execute(&mut writer)
             .await?;
         let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+        let limit = (cores * 2).max(4);
         let readers = Arc::new(Readers {
             idle: std::sync::Mutex::new(Vec::new()),
-            permits: Arc::new(Semaphore::new((cores * 2).max(4))),
+            permits: Arc::new(Semaphore::new(limit)),
+            limit: u32::try_from(limit).unwrap_or(u32::MAX),
             options: base.clone().read_only(true),
         });
         let checkpointer = SqlitePoolOptions::new()
