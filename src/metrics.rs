@@ -1181,7 +1181,9 @@ impl Backend for InstrumentedBackend {
         .await
     }
 
-    fn commit_notifications(&self) -> Option<tokio::sync::watch::Receiver<i64>> {
+    fn commit_notifications(
+        &self,
+    ) -> Option<tokio::sync::watch::Receiver<crate::backend::CommitNotice>> {
         self.inner.commit_notifications()
     }
 

@@ -84,6 +84,17 @@ pub struct Revisions {
     pub fence: i64,
 }
 
+/// What a database's commit notifications say ([`Backend::commit_notifications`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CommitNotice {
+    /// The newest revision announced (by any process, this one included).
+    pub revision: i64,
+    /// How many times the notifications were re-established after being lost. Whatever was
+    /// committed meanwhile went unannounced, and the database may even have moved to a server
+    /// with a shorter history, so a change here means "look", whatever `revision` says.
+    pub resumed: u64,
+}
+
 /// etcd's auth store as the database keeps it: the records are authpb protobuf, which only
 /// `crate::auth` reads.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -276,7 +287,7 @@ pub trait Backend: Send + Sync + 'static {
     }
     /// Wake-ups for commits made by other processes sharing the database, if the database can
     /// push them (PostgreSQL's LISTEN/NOTIFY); `None` means the watch hub must poll.
-    fn commit_notifications(&self) -> Option<tokio::sync::watch::Receiver<i64>> {
+    fn commit_notifications(&self) -> Option<tokio::sync::watch::Receiver<CommitNotice>> {
         None
     }
     async fn close(&self);

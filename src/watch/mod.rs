@@ -57,7 +57,7 @@ use tokio::sync::{Notify, mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::backend::{Backend, LogRow, RangeEnd, Revisions};
+use crate::backend::{Backend, CommitNotice, LogRow, RangeEnd, Revisions};
 use crate::mvcc::types::{KeyRange, KeyValue};
 use crate::mvcc::{self, Store};
 
@@ -559,7 +559,7 @@ struct Wakeups {
     /// This process's commits.
     commits: watch::Receiver<i64>,
     /// Other processes' commits, where the database can push them.
-    remote_commits: Option<watch::Receiver<i64>>,
+    remote_commits: Option<watch::Receiver<CommitNotice>>,
     /// Reads waiting for the applied index to reach a revision.
     reads: watch::Receiver<i64>,
 }
@@ -577,19 +577,23 @@ async fn run_tailer(
         mut reads,
     } = wakeups;
     let mut retry = Duration::from_millis(50);
+    let mut resumed = remote_commits.as_ref().map_or(0, |rx| rx.borrow().resumed);
+    let mut read = true;
     loop {
-        match tail_once(&hub, &store).await {
-            Ok(()) => {
-                retry = Duration::from_millis(50);
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "watch hub cannot read the log; retrying");
-                tokio::select! {
-                    () = tokio::time::sleep(retry) => {}
-                    () = shutdown.cancelled() => return,
+        if read {
+            match tail_once(&hub, &store).await {
+                Ok(()) => {
+                    retry = Duration::from_millis(50);
                 }
-                retry = (retry * 2).min(Duration::from_secs(2));
-                continue;
+                Err(e) => {
+                    tracing::warn!(error = %e, "watch hub cannot read the log; retrying");
+                    tokio::select! {
+                        () = tokio::time::sleep(retry) => {}
+                        () = shutdown.cancelled() => return,
+                    }
+                    retry = (retry * 2).min(Duration::from_secs(2));
+                    continue;
+                }
             }
         }
         // Commits by other processes wake the hub too when the database can say so; if that
@@ -601,14 +605,34 @@ async fn run_tailer(
             if rx.changed().await.is_err() {
                 std::future::pending::<()>().await;
             }
+            *rx.borrow_and_update()
         };
-        tokio::select! {
-            changed = commits.changed() => if changed.is_err() { return },
-            changed = reads.changed() => if changed.is_err() { return },
-            () = remote => {}
-            () = tokio::time::sleep(poll_interval) => {}
+        // A wake-up for a revision the hub has already published needs no read of the log: this
+        // process's own commits are handed over directly and then announced twice (by the
+        // writer, and by the database's notification), and on PostgreSQL each read is a
+        // transaction of its own. Notifications that were re-established always lead to a read,
+        // as does every poll: they are how a failover's shorter history is found.
+        read = tokio::select! {
+            changed = commits.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+                *commits.borrow_and_update() > hub.delivered()
+            }
+            changed = reads.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+                *reads.borrow_and_update() > hub.delivered()
+            }
+            notice = remote => {
+                let again = notice.resumed != resumed;
+                resumed = notice.resumed;
+                again || notice.revision > hub.delivered()
+            }
+            () = tokio::time::sleep(poll_interval) => true,
             () = shutdown.cancelled() => return,
-        }
+        };
     }
 }
 

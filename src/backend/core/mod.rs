@@ -44,6 +44,7 @@ pub enum Arg<'a> {
     Bytes(&'a [u8]),
     Text(Cow<'a, str>),
     Ints(Vec<i64>),
+    OptInts(Vec<Option<i64>>),
     Bools(Vec<bool>),
     Blobs(Vec<&'a [u8]>),
 }
@@ -104,7 +105,7 @@ where
         Arg::Bool(v) => args.add(v),
         Arg::Bytes(v) => args.add(v),
         Arg::Text(v) => args.add(v.as_ref()),
-        Arg::Ints(_) | Arg::Bools(_) | Arg::Blobs(_) => {
+        Arg::Ints(_) | Arg::OptInts(_) | Arg::Bools(_) | Arg::Blobs(_) => {
             return Err(
                 sqlx::Error::Protocol("this dialect takes no array arguments".into()).into(),
             );
@@ -220,7 +221,9 @@ pub trait Connector: Send + Sync + 'static {
     async fn defragment(&self) -> Result<()>;
     async fn backup(&self, dest: &Path) -> Result<()>;
     async fn restore(&self, source: &Path, copied: Copied<'_>) -> Result<()>;
-    fn commit_notifications(&self) -> Option<tokio::sync::watch::Receiver<i64>> {
+    fn commit_notifications(
+        &self,
+    ) -> Option<tokio::sync::watch::Receiver<crate::backend::CommitNotice>> {
         None
     }
     async fn close(&self);
@@ -422,7 +425,9 @@ impl<C: Connector> Backend for SqlBackend<C> {
         Ok(report)
     }
 
-    fn commit_notifications(&self) -> Option<tokio::sync::watch::Receiver<i64>> {
+    fn commit_notifications(
+        &self,
+    ) -> Option<tokio::sync::watch::Receiver<crate::backend::CommitNotice>> {
         self.0.commit_notifications()
     }
 

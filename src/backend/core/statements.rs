@@ -20,9 +20,10 @@ pub struct Syntax {
     /// Appended to a SELECT that must lock the rows it reads until commit ("" where the write
     /// session is exclusive anyway).
     pub lock_rows: &'static str,
-    /// Sent by a write transaction that moves the current revision, bound to the revision as
-    /// text, to wake other processes (PostgreSQL's NOTIFY).
-    pub notify: Option<&'static str>,
+    /// Sets the current revision and, in the same statement, wakes other processes with it
+    /// (PostgreSQL's NOTIFY): the revision is bound twice. `None`: the plain update, and no
+    /// notification.
+    pub set_current_revision_and_notify: Option<&'static str>,
     /// An empty byte string, and a NULL one, typed as the log's byte columns are.
     pub empty_bytes: &'static str,
     pub null_bytes: &'static str,
@@ -62,7 +63,10 @@ pub struct Sql {
     pub savepoint: Cow<'static, str>,
     pub release_savepoint: Cow<'static, str>,
     pub rollback_to_savepoint: Cow<'static, str>,
-    pub notify: Option<Cow<'static, str>>,
+    /// Sets the current revision (see [`Syntax::set_current_revision_and_notify`]).
+    pub set_current_revision: Cow<'static, str>,
+    /// `set_current_revision` notifies, and takes the revision a second time.
+    pub notifies: bool,
 
     pub alarms_raised: Cow<'static, str>,
     /// Adds an alarm's row, cleared, unless it exists; `raise_alarm` then raises it.
@@ -177,7 +181,10 @@ impl Sql {
             savepoint: s("SAVEPOINT request"),
             release_savepoint: s("RELEASE SAVEPOINT request"),
             rollback_to_savepoint: s("ROLLBACK TO SAVEPOINT request"),
-            notify: syntax.notify.map(s),
+            set_current_revision: s(syntax
+                .set_current_revision_and_notify
+                .unwrap_or("UPDATE meta SET value = ? WHERE name = 'current_revision'")),
+            notifies: syntax.set_current_revision_and_notify.is_some(),
             alarms_raised: s("SELECT name FROM meta WHERE name LIKE 'alarm:%' AND value = 1"),
             insert_alarm: insert_ignore("meta (name, value) VALUES (?, 0)"),
             raise_alarm: s("UPDATE meta SET value = 1 WHERE name = ? AND value = 0"),

@@ -131,14 +131,12 @@ impl<S: Session> WriteTxn for SqlTxn<S> {
     }
 
     async fn set_current_revision(&mut self, revision: i64) -> Result<()> {
-        let stmt = self.queue_meta("current_revision", revision);
-        self.0.queue(stmt).await?;
-        if let Some(notify) = &self.0.sql().notify {
-            // Delivered at commit, to every process listening (this one included).
-            let stmt = Stmt::new(&**notify).text(revision.to_string());
-            self.0.queue(stmt).await?;
+        let sql = self.0.sql();
+        let mut stmt = Stmt::new(&*sql.set_current_revision).int(revision);
+        if sql.notifies {
+            stmt = stmt.int(revision);
         }
-        Ok(())
+        self.0.queue(stmt).await
     }
 
     async fn set_compact_revision(&mut self, revision: i64) -> Result<()> {

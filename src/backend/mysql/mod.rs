@@ -40,7 +40,7 @@ use super::core::{Arg, Connector, ServerDialect, ServerSession, Sql, bind_scalar
 
 /// A session on the MySQL pool.
 pub type MysqlSession = ServerSession<sqlx::MySql>;
-use super::{Copied, DbSize, Error, PoolOptions, Result};
+use super::{CommitNotice, Copied, DbSize, Error, PoolOptions, Result};
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/mysql");
 
@@ -54,7 +54,7 @@ const MIGRATION_LOCK: &str = "etcdsql_migrate";
 
 pub struct Mysql {
     pool: MySqlPool,
-    commits: watch::Receiver<i64>,
+    commits: watch::Receiver<CommitNotice>,
     /// Stops the polling task when the backend closes.
     poller: tokio::task::JoinHandle<()>,
 }
@@ -168,7 +168,7 @@ impl Mysql {
             .bind(cluster_id)
             .execute(&pool)
             .await?;
-        let (tx, commits) = watch::channel(0);
+        let (tx, commits) = watch::channel(CommitNotice::default());
         let poller = tokio::spawn(poll_commits(pool.clone(), tx));
         Ok(Self {
             pool,
@@ -222,7 +222,7 @@ async fn create_database_if_missing(options: &MySqlConnectOptions) -> Result<()>
 
 /// Reads the current revision every [`POLL_INTERVAL`] and reports each increase, until the
 /// backend closes; errors (an outage) are retried after a pause.
-async fn poll_commits(pool: MySqlPool, commits: watch::Sender<i64>) {
+async fn poll_commits(pool: MySqlPool, commits: watch::Sender<CommitNotice>) {
     loop {
         let current: std::result::Result<i64, sqlx::Error> =
             sqlx::query_scalar("SELECT value FROM meta WHERE name = 'current_revision'")
@@ -230,9 +230,10 @@ async fn poll_commits(pool: MySqlPool, commits: watch::Sender<i64>) {
                 .await;
         match current {
             Ok(current) => {
+                // A poll misses nothing, so it never counts as resumed.
                 commits.send_if_modified(|seen| {
-                    let newer = current > *seen;
-                    *seen = (*seen).max(current);
+                    let newer = current > seen.revision;
+                    seen.revision = seen.revision.max(current);
                     newer
                 });
                 tokio::time::sleep(POLL_INTERVAL).await;
@@ -306,7 +307,7 @@ impl Connector for Mysql {
         Ok(())
     }
 
-    fn commit_notifications(&self) -> Option<watch::Receiver<i64>> {
+    fn commit_notifications(&self) -> Option<watch::Receiver<CommitNotice>> {
         Some(self.commits.clone())
     }
 

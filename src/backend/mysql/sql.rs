@@ -19,7 +19,7 @@ const SYNTAX: Syntax = Syntax {
     // possible conflict is the key (integer columns, fixed names).
     insert_ignore: ("INSERT IGNORE INTO", ""),
     lock_rows: " FOR UPDATE",
-    notify: None,
+    set_current_revision_and_notify: None,
     empty_bytes: "x''",
     null_bytes: "NULL",
 };

@@ -45,7 +45,7 @@ use super::core::{Arg, Connector, ServerDialect, ServerSession, Sql, bind_scalar
 
 /// A session on the PostgreSQL pool.
 pub type PgSession = ServerSession<sqlx::Postgres>;
-use super::{Copied, DbSize, PoolOptions, Result};
+use super::{CommitNotice, Copied, DbSize, PoolOptions, Result};
 
 /// Keys up to this length always fit PostgreSQL's index entries, compressed or not.
 pub const CHECKED_KEY_BYTES: usize = 2600;
@@ -54,6 +54,11 @@ static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/postgres
 
 /// The advisory lock key every writer takes ("etcdsql" in ASCII, as a number).
 const WRITER_LOCK: i64 = 0x65_7463_6473_716c;
+/// A write transaction's start: BEGIN and the writers' lock go as one simple query, one round
+/// trip rather than two (the lock's key spelled out, as a simple query takes no parameters).
+/// The lock is taken before any statement reads: in READ COMMITTED each later statement's
+/// snapshot then holds every commit of the writers before.
+const BEGIN_LOCKED: &str = "BEGIN; SELECT pg_advisory_xact_lock(28556942883647852)";
 
 pub struct Postgres {
     /// The pool of the primary in use; replaced when a failover moves the primary
@@ -63,7 +68,7 @@ pub struct Postgres {
     /// channel stays open (with several, the task that follows the primary holds it).
     _single_pool: Option<watch::Sender<PgPool>>,
     /// Other processes' commits, unless NOTIFYs do not reach this process.
-    commits: Option<watch::Receiver<i64>>,
+    commits: Option<watch::Receiver<CommitNotice>>,
     /// The LISTEN task and, with several hosts, the task that follows the primary; stopped
     /// when the backend closes.
     tasks: Vec<tokio::task::JoinHandle<()>>,
@@ -149,7 +154,7 @@ impl Postgres {
         };
         let mut listening = listen(&first).await?;
         let commits = if notifications_arrive(&first, &mut listening).await? {
-            let (tx, commits) = watch::channel(0);
+            let (tx, commits) = watch::channel(CommitNotice::default());
             tasks.push(tokio::spawn(listen_for_commits(
                 pools.clone(),
                 tx,
@@ -307,7 +312,7 @@ async fn notifications_arrive(pool: &PgPool, listener: &mut PgListener) -> Resul
 /// shorter than it served) rather than waiting for its next poll.
 async fn listen_for_commits(
     mut pools: watch::Receiver<PgPool>,
-    commits: watch::Sender<i64>,
+    commits: watch::Sender<CommitNotice>,
     listener: PgListener,
 ) {
     let mut ready = Some(listener);
@@ -325,7 +330,10 @@ async fn listen_for_commits(
                     .await?;
                     // Wakes the hub even if the revision is not newer: after a failover it
                     // may be lower, which the hub must hear of to fence the store.
-                    commits.send_modify(|seen| *seen = (*seen).max(current));
+                    commits.send_modify(|seen| {
+                        seen.revision = seen.revision.max(current);
+                        seen.resumed += 1;
+                    });
                     listener
                 }
             };
@@ -334,8 +342,8 @@ async fn listen_for_commits(
             while let Some(note) = listener.try_recv().await? {
                 if let Ok(revision) = note.payload().parse::<i64>() {
                     commits.send_if_modified(|seen| {
-                        let newer = revision > *seen;
-                        *seen = (*seen).max(revision);
+                        let newer = revision > seen.revision;
+                        seen.revision = seen.revision.max(revision);
                         newer
                     });
                 }
@@ -373,12 +381,7 @@ impl Postgres {
 
     /// A transaction holding the writers' lock.
     async fn write_tx(&self) -> Result<Transaction<'static, sqlx::Postgres>> {
-        let mut tx = self.pool().begin().await?;
-        sqlx::query("SELECT pg_advisory_xact_lock($1)")
-            .bind(WRITER_LOCK)
-            .execute(&mut *tx)
-            .await?;
-        Ok(tx)
+        Ok(self.pool().begin_with(BEGIN_LOCKED).await?)
     }
 }
 
@@ -448,7 +451,7 @@ impl Connector for Postgres {
         Some(CHECKED_KEY_BYTES)
     }
 
-    fn commit_notifications(&self) -> Option<watch::Receiver<i64>> {
+    fn commit_notifications(&self) -> Option<watch::Receiver<CommitNotice>> {
         self.commits.clone()
     }
 
@@ -469,6 +472,7 @@ impl ServerDialect for sqlx::Postgres {
     fn bind(args: &mut PgArguments, arg: Arg<'_>) -> Result<()> {
         let added = match arg {
             Arg::Ints(v) => args.add(v),
+            Arg::OptInts(v) => args.add(v),
             Arg::Bools(v) => args.add(v),
             Arg::Blobs(v) => args.add(v),
             scalar => return bind_scalar(args, scalar),
@@ -478,5 +482,18 @@ impl ServerDialect for sqlx::Postgres {
 
     fn rows_affected(done: &PgQueryResult) -> u64 {
         done.rows_affected()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_write_transaction_takes_the_writers_lock() {
+        let key = BEGIN_LOCKED
+            .strip_prefix("BEGIN; SELECT pg_advisory_xact_lock(")
+            .and_then(|rest| rest.strip_suffix(')'));
+        assert_eq!(key, Some(WRITER_LOCK.to_string().as_str()));
     }
 }

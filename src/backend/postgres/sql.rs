@@ -2,6 +2,7 @@
 //! whole batches passed as arrays (`unnest`), one statement per batch.
 
 use std::borrow::Cow;
+use std::collections::{HashMap, HashSet};
 use std::sync::LazyLock;
 
 use crate::backend::core::{Arg, Sql, Stmt, Syntax};
@@ -20,7 +21,14 @@ const SYNTAX: Syntax = Syntax {
     numbered: true,
     insert_ignore: ("INSERT INTO", " ON CONFLICT DO NOTHING"),
     lock_rows: " FOR UPDATE",
-    notify: Some(concat!("SELECT pg_notify('", commit_channel!(), "', ?)")),
+    // One round trip rather than two. The notification is delivered at commit, to every
+    // process listening (this one included).
+    set_current_revision_and_notify: Some(concat!(
+        "WITH m AS (UPDATE meta SET value = ? WHERE name = 'current_revision') \
+         SELECT pg_notify('",
+        commit_channel!(),
+        "', ?::text)"
+    )),
     empty_bytes: "''::bytea",
     null_bytes: "NULL::bytea",
 };
@@ -165,45 +173,72 @@ fn column<'a, T>(rows: &'a [LogRow], f: impl Fn(&'a LogRow) -> T) -> Vec<T> {
     rows.iter().map(f).collect()
 }
 
-/// One INSERT for the whole batch, then one UPDATE marking the rows it replaced (a row's
-/// predecessor may be in this batch): a round trip to the server per row would cost more than
-/// the inserts themselves.
-fn insert_rows(rows: &[LogRow]) -> Vec<Stmt<'_>> {
-    let insert = Stmt::new(
+/// The INSERT of a batch's rows, each given as an array per column, `superseded_by` included.
+macro_rules! insert_unnest {
+    () => {
         "INSERT INTO kv_log (revision, sub, name, created, deleted, create_revision, \
-         prev_revision, version, lease, value, old_lease) \
+         prev_revision, version, lease, value, old_lease, superseded_by) \
          SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::bytea[], $4::boolean[], \
          $5::boolean[], $6::bigint[], $7::bigint[], $8::bigint[], $9::bigint[], $10::bytea[], \
-         $11::bigint[])",
-    )
-    .arg(Arg::Ints(column(rows, |r| r.revision)))
-    .arg(Arg::Ints(column(rows, |r| r.sub)))
-    .arg(Arg::Blobs(column(rows, |r| r.key.as_slice())))
-    .arg(Arg::Bools(column(rows, |r| r.created)))
-    .arg(Arg::Bools(column(rows, |r| r.deleted)))
-    .arg(Arg::Ints(column(rows, |r| r.create_revision)))
-    .arg(Arg::Ints(column(rows, |r| r.prev_revision)))
-    .arg(Arg::Ints(column(rows, |r| r.version)))
-    .arg(Arg::Ints(column(rows, |r| r.lease)))
-    .arg(Arg::Blobs(column(rows, |r| r.value.as_slice())))
-    .arg(Arg::Ints(column(rows, |r| r.old_lease)));
-    let replacing: Vec<&LogRow> = rows.iter().filter(|r| r.prev_revision > 0).collect();
-    if replacing.is_empty() {
-        return vec![insert];
+         $11::bigint[], $12::bigint[])"
+    };
+}
+
+/// The whole batch in one statement, one round trip: the INSERT, and an UPDATE marking the
+/// older rows the new ones replace. The two parts of one statement do not see each other's
+/// rows, so a row replaced by another row of the same batch is inserted already marked, and
+/// the UPDATE names only rows written before.
+fn insert_rows(rows: &[LogRow]) -> Vec<Stmt<'_>> {
+    let successors: HashMap<(&[u8], i64), i64> = rows
+        .iter()
+        .filter(|r| r.prev_revision > 0)
+        .map(|r| ((r.key.as_slice(), r.prev_revision), r.revision))
+        .collect();
+    let here: HashSet<(&[u8], i64)> = rows
+        .iter()
+        .map(|r| (r.key.as_slice(), r.revision))
+        .collect();
+    let replacing: Vec<&LogRow> = rows
+        .iter()
+        .filter(|r| r.prev_revision > 0 && !here.contains(&(r.key.as_slice(), r.prev_revision)))
+        .collect();
+    let sql = if replacing.is_empty() {
+        insert_unnest!()
+    } else {
+        concat!(
+            "WITH inserted AS (",
+            insert_unnest!(),
+            ") UPDATE kv_log AS k SET superseded_by = u.revision \
+             FROM unnest($13::bigint[], $14::bytea[], $15::bigint[]) AS u(revision, name, prev) \
+             WHERE k.name = u.name AND k.revision = u.prev"
+        )
+    };
+    let mut stmt = Stmt::new(sql)
+        .arg(Arg::Ints(column(rows, |r| r.revision)))
+        .arg(Arg::Ints(column(rows, |r| r.sub)))
+        .arg(Arg::Blobs(column(rows, |r| r.key.as_slice())))
+        .arg(Arg::Bools(column(rows, |r| r.created)))
+        .arg(Arg::Bools(column(rows, |r| r.deleted)))
+        .arg(Arg::Ints(column(rows, |r| r.create_revision)))
+        .arg(Arg::Ints(column(rows, |r| r.prev_revision)))
+        .arg(Arg::Ints(column(rows, |r| r.version)))
+        .arg(Arg::Ints(column(rows, |r| r.lease)))
+        .arg(Arg::Blobs(column(rows, |r| r.value.as_slice())))
+        .arg(Arg::Ints(column(rows, |r| r.old_lease)))
+        .arg(Arg::OptInts(column(rows, |r| {
+            successors.get(&(r.key.as_slice(), r.revision)).copied()
+        })));
+    if !replacing.is_empty() {
+        stmt = stmt
+            .arg(Arg::Ints(replacing.iter().map(|r| r.revision).collect()))
+            .arg(Arg::Blobs(
+                replacing.iter().map(|&r| r.key.as_slice()).collect(),
+            ))
+            .arg(Arg::Ints(
+                replacing.iter().map(|r| r.prev_revision).collect(),
+            ));
     }
-    let update = Stmt::new(
-        "UPDATE kv_log AS k SET superseded_by = u.revision \
-         FROM unnest($1::bigint[], $2::bytea[], $3::bigint[]) AS u(revision, name, prev) \
-         WHERE k.name = u.name AND k.revision = u.prev",
-    )
-    .arg(Arg::Ints(replacing.iter().map(|r| r.revision).collect()))
-    .arg(Arg::Blobs(
-        replacing.iter().map(|&r| r.key.as_slice()).collect(),
-    ))
-    .arg(Arg::Ints(
-        replacing.iter().map(|r| r.prev_revision).collect(),
-    ));
-    vec![insert, update]
+    vec![stmt]
 }
 
 fn values_at<'a>(rows: &[(&'a [u8], i64)]) -> Vec<Stmt<'a>> {

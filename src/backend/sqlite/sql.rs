@@ -12,7 +12,7 @@ const SYNTAX: Syntax = Syntax {
     insert_ignore: ("INSERT INTO", " ON CONFLICT DO NOTHING"),
     // The write session holds the one writer connection: nothing else can change a row.
     lock_rows: "",
-    notify: None,
+    set_current_revision_and_notify: None,
     empty_bytes: "x''",
     null_bytes: "NULL",
 };
