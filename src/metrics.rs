@@ -1288,6 +1288,10 @@ impl WriteTxn for InstrumentedWrite {
         .await
     }
 
+    async fn append(&mut self, rows: &[LogRow], current: i64) -> backend::Result<()> {
+        timed(&self.metrics, "append", self.inner.append(rows, current)).await
+    }
+
     async fn set_compact_revision(&mut self, revision: i64) -> backend::Result<()> {
         timed(
             &self.metrics,

@@ -330,6 +330,12 @@ pub trait WriteTxn: ReadTxn {
     /// the key's newest row (which may be an earlier row of the same call).
     async fn insert_rows(&mut self, rows: &[LogRow]) -> Result<()>;
     async fn set_current_revision(&mut self, revision: i64) -> Result<()>;
+    /// [`WriteTxn::insert_rows`], then [`WriteTxn::set_current_revision`]: a batch's last
+    /// writes, which a backend may send in fewer round trips together.
+    async fn append(&mut self, rows: &[LogRow], current: i64) -> Result<()> {
+        self.insert_rows(rows).await?;
+        self.set_current_revision(current).await
+    }
     async fn set_compact_revision(&mut self, revision: i64) -> Result<()>;
     async fn set_fence_revision(&mut self, revision: i64) -> Result<()>;
     /// Stores a new lease; `false` if its id is taken.

@@ -1304,10 +1304,9 @@ async fn apply_batch(
                 }
             }
         }
-        batch.flush().await?;
-        if current != start.current {
-            batch.tx.set_current_revision(current).await?;
-        }
+        batch
+            .finish((current != start.current).then_some(current))
+            .await?;
         Ok(Committed {
             before: start.current,
             current,

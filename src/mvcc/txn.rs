@@ -241,6 +241,17 @@ impl<'a> Batch<'a> {
         Ok(())
     }
 
+    /// Writes the rows still buffered once every request has ended and, if `current` is given,
+    /// moves the current revision there, together where the backend can.
+    pub(crate) async fn finish(&mut self, current: Option<i64>) -> Result<()> {
+        let Some(current) = current else {
+            return self.flush().await;
+        };
+        self.tx.append(&self.rows[self.flushed..], current).await?;
+        self.flushed = self.rows.len();
+        Ok(())
+    }
+
     /// Starts a request: what it writes from now on can be undone by [`Batch::end_request`].
     pub(crate) fn begin_request(&mut self) {
         self.request_start = self.rows.len();

@@ -90,6 +90,8 @@ pub struct Sql {
     pub count: for<'a> fn(&'a [u8], &'a RangeEnd, i64) -> Stmt<'a>,
     /// Appends rows and marks the rows they replace, in order.
     pub insert_rows: for<'a> fn(&'a [LogRow]) -> Vec<Stmt<'a>>,
+    /// `insert_rows` and `set_current_revision` in fewer statements, where the dialect can.
+    pub append: Option<for<'a> fn(&'a [LogRow], i64) -> Vec<Stmt<'a>>>,
     pub values_at: ValuesAt,
 }
 
@@ -200,6 +202,7 @@ impl Sql {
             scan,
             count,
             insert_rows,
+            append: None,
             values_at,
         }
     }

@@ -139,6 +139,21 @@ impl<S: Session> WriteTxn for SqlTxn<S> {
         self.0.queue(stmt).await
     }
 
+    async fn append(&mut self, rows: &[LogRow], current: i64) -> Result<()> {
+        match self.0.sql().append {
+            Some(append) if !rows.is_empty() => {
+                for stmt in append(rows, current) {
+                    self.0.queue(stmt).await?;
+                }
+                Ok(())
+            }
+            _ => {
+                self.insert_rows(rows).await?;
+                self.set_current_revision(current).await
+            }
+        }
+    }
+
     async fn set_compact_revision(&mut self, revision: i64) -> Result<()> {
         let stmt = self.queue_meta("compact_revision", revision);
         self.0.queue(stmt).await

@@ -40,6 +40,7 @@ pub static SQL: LazyLock<Sql> = LazyLock::new(|| Sql {
         crate::log_columns!(),
         " FROM kv_log WHERE name = $1 ORDER BY revision DESC LIMIT 1"
     )),
+    append: Some(append),
     ..Sql::common(&SYNTAX, scan, count, insert_rows, values_at)
 });
 
@@ -184,11 +185,47 @@ macro_rules! insert_unnest {
     };
 }
 
-/// The whole batch in one statement, one round trip: the INSERT, and an UPDATE marking the
-/// older rows the new ones replace. The two parts of one statement do not see each other's
-/// rows, so a row replaced by another row of the same batch is inserted already marked, and
-/// the UPDATE names only rows written before.
+/// The rest of [`insert_rows`]' statement: an UPDATE marking the older rows the new ones
+/// replace, given as arrays (empty when none).
+macro_rules! mark_replaced {
+    () => {
+        "UPDATE kv_log AS k SET superseded_by = u.revision \
+         FROM unnest($13::bigint[], $14::bytea[], $15::bigint[]) AS u(revision, name, prev) \
+         WHERE k.name = u.name AND k.revision = u.prev"
+    };
+}
+
+/// A batch's rows in one statement, one round trip: the INSERT, and an UPDATE marking the older
+/// rows the new ones replace. The parts of one statement do not see each other's rows, so a
+/// row replaced by another row of the same call is inserted already marked, and the UPDATE
+/// names only rows written before.
 fn insert_rows(rows: &[LogRow]) -> Vec<Stmt<'_>> {
+    let sql = concat!(
+        "WITH inserted AS (",
+        insert_unnest!(),
+        ") ",
+        mark_replaced!()
+    );
+    vec![rows_stmt(sql, rows)]
+}
+
+/// [`insert_rows`], the new current revision and its NOTIFY, all in one statement.
+fn append(rows: &[LogRow], current: i64) -> Vec<Stmt<'_>> {
+    let sql = concat!(
+        "WITH inserted AS (",
+        insert_unnest!(),
+        "), replaced AS (",
+        mark_replaced!(),
+        "), moved AS (UPDATE meta SET value = $16 WHERE name = 'current_revision') \
+         SELECT pg_notify('",
+        commit_channel!(),
+        "', $16::text)"
+    );
+    vec![rows_stmt(sql, rows).int(current)]
+}
+
+/// `sql` with the parameters `$1`..`$15` of [`insert_unnest`] and [`mark_replaced`] for `rows`.
+fn rows_stmt<'a>(sql: &'static str, rows: &'a [LogRow]) -> Stmt<'a> {
     let successors: HashMap<(&[u8], i64), i64> = rows
         .iter()
         .filter(|r| r.prev_revision > 0)
@@ -202,18 +239,7 @@ fn insert_rows(rows: &[LogRow]) -> Vec<Stmt<'_>> {
         .iter()
         .filter(|r| r.prev_revision > 0 && !here.contains(&(r.key.as_slice(), r.prev_revision)))
         .collect();
-    let sql = if replacing.is_empty() {
-        insert_unnest!()
-    } else {
-        concat!(
-            "WITH inserted AS (",
-            insert_unnest!(),
-            ") UPDATE kv_log AS k SET superseded_by = u.revision \
-             FROM unnest($13::bigint[], $14::bytea[], $15::bigint[]) AS u(revision, name, prev) \
-             WHERE k.name = u.name AND k.revision = u.prev"
-        )
-    };
-    let mut stmt = Stmt::new(sql)
+    Stmt::new(sql)
         .arg(Arg::Ints(column(rows, |r| r.revision)))
         .arg(Arg::Ints(column(rows, |r| r.sub)))
         .arg(Arg::Blobs(column(rows, |r| r.key.as_slice())))
@@ -227,18 +253,14 @@ fn insert_rows(rows: &[LogRow]) -> Vec<Stmt<'_>> {
         .arg(Arg::Ints(column(rows, |r| r.old_lease)))
         .arg(Arg::OptInts(column(rows, |r| {
             successors.get(&(r.key.as_slice(), r.revision)).copied()
-        })));
-    if !replacing.is_empty() {
-        stmt = stmt
-            .arg(Arg::Ints(replacing.iter().map(|r| r.revision).collect()))
-            .arg(Arg::Blobs(
-                replacing.iter().map(|&r| r.key.as_slice()).collect(),
-            ))
-            .arg(Arg::Ints(
-                replacing.iter().map(|r| r.prev_revision).collect(),
-            ));
-    }
-    vec![stmt]
+        })))
+        .arg(Arg::Ints(replacing.iter().map(|r| r.revision).collect()))
+        .arg(Arg::Blobs(
+            replacing.iter().map(|&r| r.key.as_slice()).collect(),
+        ))
+        .arg(Arg::Ints(
+            replacing.iter().map(|r| r.prev_revision).collect(),
+        ))
 }
 
 fn values_at<'a>(rows: &[(&'a [u8], i64)]) -> Vec<Stmt<'a>> {
