@@ -33,6 +33,9 @@ pub struct Syntax {
 /// exist, `i` counting from the first row of the slice.
 pub type ValuesAt = for<'a> fn(&[(&'a [u8], i64)]) -> Vec<Stmt<'a>>;
 
+/// Builds the statements that append rows and set the current revision to the argument.
+pub type Append = for<'a> fn(&'a [LogRow], i64) -> Vec<Stmt<'a>>;
+
 /// A dialect's statements. Text fields are complete statements; function fields build the
 /// statements whose shape depends on their arguments.
 pub struct Sql {
@@ -91,7 +94,7 @@ pub struct Sql {
     /// Appends rows and marks the rows they replace, in order.
     pub insert_rows: for<'a> fn(&'a [LogRow]) -> Vec<Stmt<'a>>,
     /// `insert_rows` and `set_current_revision` in fewer statements, where the dialect can.
-    pub append: Option<for<'a> fn(&'a [LogRow], i64) -> Vec<Stmt<'a>>>,
+    pub append: Option<Append>,
     pub values_at: ValuesAt,
 }
 
