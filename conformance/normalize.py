@@ -22,6 +22,7 @@ What is normalized (everything else is compared byte for byte):
       members[].ID / name / peerURLs[]     -> <MEMBER_ID#n> / <NAME> / <PEER_URL>
       health "took"                        -> <TOOK>
       kv "lease", lease "ID"               -> <LEASE#n>     (if non-zero)
+      time-to-live "TTL" (beside "grantedTTL") -> <TTL>     (if in 1..grantedTTL)
   * text: "took = 1.2ms"                   -> "took = <TOOK>"
           "lease 694d8a...": hex lease ids -> "lease <LEASE#n>" (same numbering
                                               as the JSON lease ids)
@@ -105,11 +106,22 @@ def norm(obj, ctx=""):
             out[k] = "<NAME>"
         elif ctx == "member" and k == "peerURLs" and isinstance(v, list):
             out[k] = ["<PEER_URL>" for _ in v]
+        elif k == "TTL" and "grantedTTL" in obj and remaining_ttl(v, obj["grantedTTL"]):
+            out[k] = "<TTL>"
         elif k in ("lease", "ID") and isinstance(v, int):
             out[k] = lease_placeholder(v)
         else:
             out[k] = norm(v, "")
     return out
+
+
+def remaining_ttl(ttl, granted):
+    """Whether a time-to-live answer's TTL is a plausible remainder of its granted TTL (how
+    much remains depends on how long the scenario took to get there)."""
+    try:
+        return 0 < int(ttl) <= int(granted)
+    except (TypeError, ValueError):
+        return False
 
 
 def norm_log(obj):
