@@ -1,5 +1,5 @@
 //! etcdsql behind pgbouncer in session mode, set up as README says (`pool_mode = session`,
-//! `ignore_startup_parameters = extra_float_digits, options`): two instances through one
+//! `ignore_startup_parameters = extra_float_digits`): two instances through one
 //! pgbouncer serve reads, writes and watches, and a write on one instance reaches a watcher on
 //! the other through NOTIFY, well before the (here raised) poll interval would have.
 //!
@@ -36,7 +36,7 @@ impl Pgbouncer {
                  [pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = {port}\n\
                  unix_socket_dir =\nauth_type = trust\nauth_file = {}\n\
                  pool_mode = session\n\
-                 ignore_startup_parameters = extra_float_digits, options\n",
+                 ignore_startup_parameters = extra_float_digits\n",
                 users.display()
             ),
         )

@@ -579,11 +579,14 @@ async fn run_tailer(
     let mut retry = Duration::from_millis(50);
     let mut resumed = remote_commits.as_ref().map_or(0, |rx| rx.borrow().resumed);
     let mut read = true;
+    // Skipped wake-ups do not put the next poll off.
+    let mut next_poll = tokio::time::Instant::now();
     loop {
         if read {
             match tail_once(&hub, &store).await {
                 Ok(()) => {
                     retry = Duration::from_millis(50);
+                    next_poll = tokio::time::Instant::now() + poll_interval;
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "watch hub cannot read the log; retrying");
@@ -630,7 +633,7 @@ async fn run_tailer(
                 resumed = notice.resumed;
                 again || notice.revision > hub.delivered()
             }
-            () = tokio::time::sleep(poll_interval) => true,
+            () = tokio::time::sleep_until(next_poll) => true,
             () = shutdown.cancelled() => return,
         };
     }

@@ -155,13 +155,18 @@ impl Sql {
             // The old value is the predecessor row's (rows written by older releases carry
             // their own as well); compaction keeps it for every change at or above the compact
             // revision, the changes a watch can ask for.
+            // The old value is a correlated subquery rather than a join so that it stays one
+            // lookup by key per row whatever the planner thinks of the range: PostgreSQL's
+            // generic plan for a join, made after a few wide first calls, hashed the whole log
+            // (half a second for a range of twenty revisions).
             changes: s(
                 "SELECT k.revision, k.sub, k.name, k.created, k.deleted, k.create_revision, \
                  k.prev_revision, k.version, k.lease, k.value, \
-                 CASE WHEN NOT k.created THEN COALESCE(p.value, k.old_value) END, k.old_lease \
-                 FROM kv_log AS k LEFT JOIN kv_log AS p \
-                 ON NOT k.created AND p.revision = k.prev_revision AND p.name = k.name \
-                 WHERE k.revision > ? AND k.revision <= ? ORDER BY k.revision, k.sub",
+                 CASE WHEN NOT k.created THEN COALESCE((SELECT p.value FROM kv_log AS p \
+                 WHERE p.revision = k.prev_revision AND p.name = k.name), k.old_value) END, \
+                 k.old_lease \
+                 FROM kv_log AS k WHERE k.revision > ? AND k.revision <= ? \
+                 ORDER BY k.revision, k.sub",
             ),
             // A lease holds few keys: its partial index finds every row that ever carried it
             // (`k.lease <> 0` lets the planner use it), and the visibility test keeps the one

@@ -54,6 +54,20 @@ static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/postgres
 
 /// The advisory lock key every writer takes ("etcdsql" in ASCII, as a number).
 const WRITER_LOCK: i64 = 0x65_7463_6473_716c;
+/// Every pool connection's settings, sent once it connects (as SET statements rather than
+/// startup options, which pgbouncer drops):
+/// - Plan every statement for its own parameters. A cached generic plan cannot tell a read at
+///   the current revision (a handful of rows replaced since) from one at the first revision
+///   (all of them), and picks a scan of every version in the key range: seconds instead of
+///   milliseconds at a million keys. Planning costs a fraction of a millisecond.
+/// - No JIT compilation and no parallel workers. Every statement here touches a handful of
+///   rows, but before the first ANALYZE (and whenever a range is misestimated) the planner can
+///   cost a read of twenty revisions past JIT's threshold: the tailer's reads then took 50 to
+///   600 ms each, most of it compiling and starting workers, and a write load on three
+///   instances fell to tens of requests per second.
+const SESSION_SETTINGS: &str = "SET plan_cache_mode = force_custom_plan; SET jit = off; \
+     SET max_parallel_workers_per_gather = 0";
+
 /// A write transaction's start: BEGIN and the writers' lock go as one simple query, one round
 /// trip rather than two (the lock's key spelled out, as a simple query takes no parameters).
 /// The lock is taken before any statement reads: in READ COMMITTED each later statement's
@@ -81,13 +95,7 @@ impl Postgres {
     /// # Errors
     /// A malformed URL, no reachable (writable) server, or a failed migration.
     pub async fn open(url: &str, pool: &PoolOptions) -> Result<Self> {
-        // Plan every statement for its own parameters. A cached generic plan cannot tell a read
-        // at the current revision (a handful of rows replaced since) from one at the first
-        // revision (all of them), and picks a scan of every version in the key range: seconds
-        // instead of milliseconds at a million keys. Planning costs a fraction of a millisecond.
-        let endpoint = Endpoint::parse(url, |options| {
-            options.options([("plan_cache_mode", "force_custom_plan")])
-        })?;
+        let endpoint = Endpoint::parse(url)?;
         let primary = endpoint.find(pool.connect_timeout).await?;
         let options = endpoint.hosts[primary].options.clone();
         create_database_if_missing(&options).await?;
@@ -108,6 +116,7 @@ impl Postgres {
                     let db_ports = db_ports.clone();
                     Box::pin(async move {
                         tune_sockets(&db_ports);
+                        sqlx::raw_sql(SESSION_SETTINGS).execute(&mut *conn).await?;
                         if read_write {
                             primary::accepts_writes(conn)
                                 .await

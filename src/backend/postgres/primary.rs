@@ -52,12 +52,11 @@ pub struct Endpoint {
 }
 
 impl Endpoint {
-    /// Splits a libpq-style URL into one set of connect options per host. `tune` adds the
-    /// options every connection gets.
+    /// Splits a libpq-style URL into one set of connect options per host.
     ///
     /// # Errors
     /// A malformed URL, or a `target_session_attrs` no etcdsql process can work with.
-    pub fn parse(url: &str, tune: impl Fn(PgConnectOptions) -> PgConnectOptions) -> Result<Self> {
+    pub fn parse(url: &str) -> Result<Self> {
         let invalid = |reason: String| Error::Endpoint {
             endpoint: super::super::redact(url),
             reason,
@@ -107,10 +106,7 @@ impl Endpoint {
                 let options = PgConnectOptions::from_str(&single)
                     .map_err(|e| invalid(format!("host {name:?}: {e}")))?;
                 let name = format!("{}:{}", options.get_host(), options.get_port());
-                Ok(Host {
-                    name,
-                    options: tune(options),
-                })
+                Ok(Host { name, options })
             })
             .collect::<Result<Vec<_>>>()?;
         // libpq's default is `any`; with several hosts that would as readily pick a standby,
@@ -263,17 +259,17 @@ mod tests {
     #[test]
     fn several_hosts_mean_read_write_unless_told() {
         let url = "postgres://u:pw@h1:5432,h2:5433,[::1]/db?sslmode=disable";
-        let endpoint = Endpoint::parse(url, |o| o).expect("parses");
+        let endpoint = Endpoint::parse(url).expect("parses");
         assert_eq!(hosts(&endpoint), ["h1:5432", "h2:5433", "[::1]:5432"]);
         assert_eq!(endpoint.attrs, SessionAttrs::ReadWrite);
         let second = &endpoint.hosts[1].options;
         assert_eq!(second.get_database(), Some("db"));
         assert_eq!(second.get_username(), "u");
 
-        let any = Endpoint::parse("postgres://u@h1,h2/db?target_session_attrs=any", |o| o)
-            .expect("parses");
+        let any =
+            Endpoint::parse("postgres://u@h1,h2/db?target_session_attrs=any").expect("parses");
         assert_eq!(any.attrs, SessionAttrs::Any);
-        let one = Endpoint::parse("postgresql://u@h1/db", |o| o).expect("parses");
+        let one = Endpoint::parse("postgresql://u@h1/db").expect("parses");
         assert_eq!(
             (hosts(&one), one.attrs),
             (vec!["h1:5432"], SessionAttrs::Any)
@@ -284,16 +280,14 @@ mod tests {
     fn a_standby_target_is_refused_with_the_reason() {
         for attrs in ["standby", "prefer-standby", "read-only"] {
             let url = format!("postgres://u:secret@h1,h2/db?target_session_attrs={attrs}");
-            let err = Endpoint::parse(&url, |o| o)
-                .expect_err("refused")
-                .to_string();
+            let err = Endpoint::parse(&url).expect_err("refused").to_string();
             assert!(
                 err.contains("would send etcdsql's writes to a standby"),
                 "{err}"
             );
             assert!(!err.contains("secret"), "{err}");
         }
-        let err = Endpoint::parse("postgres://u@h1,,h2/db", |o| o).expect_err("refused");
+        let err = Endpoint::parse("postgres://u@h1,,h2/db").expect_err("refused");
         assert!(err.to_string().contains("empty host"), "{err}");
     }
 }
