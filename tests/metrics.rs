@@ -398,7 +398,7 @@ async fn etcd_names_are_exposed_and_move_with_traffic() {
     for query in [
         "scan",
         "count",
-        "insert_rows",
+        "append",
         "commit",
         "begin_write",
         "compact_window",
