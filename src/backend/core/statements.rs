@@ -156,9 +156,9 @@ impl Sql {
             // their own as well); compaction keeps it for every change at or above the compact
             // revision, the changes a watch can ask for.
             // The old value is a correlated subquery rather than a join so that it stays one
-            // lookup by key per row whatever the planner thinks of the range: PostgreSQL's
-            // generic plan for a join, made after a few wide first calls, hashed the whole log
-            // (half a second for a range of twenty revisions).
+            // lookup by key per row whatever the planner thinks of the range: before the log
+            // was analyzed, PostgreSQL planned the join as a parallel hash join over the whole
+            // log (half a second for a range of twenty revisions).
             changes: s(
                 "SELECT k.revision, k.sub, k.name, k.created, k.deleted, k.create_revision, \
                  k.prev_revision, k.version, k.lease, k.value, \
