@@ -284,6 +284,9 @@ struct Inner {
     compacted: watch::Receiver<i64>,
     /// The newest committed revision, so the watch hub wakes at once after a local commit.
     committed: watch::Receiver<i64>,
+    /// The newest revision the writer has committed, moved before the batch is durable and
+    /// handed to the watch hub (see [`Store::landed`]).
+    landed: Arc<AtomicI64>,
     stats: Arc<WriteCounters>,
     /// Set when the backend says this process is its only writer: `published` is then the
     /// database's state, and reads use it instead of a snapshot.
@@ -435,6 +438,7 @@ impl Store {
         );
         let compact_revision = start.compact;
         let (committed_tx, committed) = watch::channel(start.current);
+        let landed = Arc::new(AtomicI64::new(start.current));
         let (compact_target, target_rx) = watch::channel(compact_revision);
         let done = backend.compacted_through().await?;
         let (compacted_tx, compacted) = watch::channel(done);
@@ -452,6 +456,7 @@ impl Store {
                 index,
                 values,
                 applied: applied.clone(),
+                landed: landed.clone(),
             },
             start,
             queue,
@@ -481,6 +486,7 @@ impl Store {
                 writes,
                 compacted,
                 committed,
+                landed,
                 stats,
                 sole_writer,
                 published,
@@ -509,6 +515,14 @@ impl Store {
     /// The newest revision committed by this process's writer; changes after every commit.
     pub fn committed(&self) -> watch::Receiver<i64> {
         self.inner.committed.clone()
+    }
+
+    /// The newest revision this process's writer has committed, known before the batch is
+    /// durable: [`Store::committed`] moves to it once the batch has been handed to the watch
+    /// hub. A notification of a commit at or below it needs no read of the log, since that
+    /// move wakes the hub anyway.
+    pub fn landed(&self) -> i64 {
+        self.inner.landed.load(Ordering::SeqCst)
     }
 
     /// The backend, for readers that need more than the store offers (the watch hub).
@@ -958,6 +972,7 @@ async fn run_writer(
         mut index,
         mut values,
         applied,
+        landed,
     } = memory;
     let sole_writer = backend.sole_writer();
     // Whether the index is known to match the database: then a sole writer need not read the
@@ -1019,6 +1034,7 @@ async fn run_writer(
             values.clear();
         }
         if let Ok(committed) = &result {
+            landed.fetch_max(committed.current, Ordering::SeqCst);
             values.record(&committed.rows);
             compact = committed.compact.unwrap_or(compact);
         }
@@ -1041,6 +1057,8 @@ struct WriterMemory {
     values: ValueCache,
     /// The store's applied index, whose revision readers and watchers may have been shown.
     applied: Applied,
+    /// The newest revision the writer has committed, set as soon as the database says so.
+    landed: Arc<AtomicI64>,
 }
 
 /// A batch the writer has run, on its way to its replies.

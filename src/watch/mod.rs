@@ -613,7 +613,10 @@ async fn run_tailer(
         // A wake-up for a revision the hub has already published needs no read of the log: this
         // process's own commits are handed over directly and then announced twice (by the
         // writer, and by the database's notification), and on PostgreSQL each read is a
-        // transaction of its own. Notifications that were re-established always lead to a read,
+        // transaction of its own. The database's notification of this process's own commit
+        // often comes before the hand-over: the writer's announcement after it wakes the hub
+        // anyway, and leads to a read if the hand-over could not publish (other processes'
+        // commits came first). Notifications that were re-established always lead to a read,
         // as does every poll: they are how a failover's shorter history is found.
         read = tokio::select! {
             changed = commits.changed() => {
@@ -631,7 +634,7 @@ async fn run_tailer(
             notice = remote => {
                 let again = notice.resumed != resumed;
                 resumed = notice.resumed;
-                again || notice.revision > hub.delivered()
+                again || notice.revision > hub.delivered().max(store.landed())
             }
             () = tokio::time::sleep_until(next_poll) => true,
             () = shutdown.cancelled() => return,
