@@ -25,7 +25,7 @@ use std::path::Path;
 
 use async_trait::async_trait;
 
-pub use server::{ServerDialect, ServerSession, bound};
+pub use server::{ServerDialect, ServerSession, bound, pool_options};
 pub use statements::{Sql, Syntax, insert_chunks, number_placeholders, push_tuples, values_chunks};
 
 use super::{

@@ -1,9 +1,12 @@
-//! Sessions on a database server's pool (PostgreSQL, MySQL): a transaction, or one connection
-//! running single statements. A server dialect only says how it binds arguments.
+//! Sessions on a database server's pool (PostgreSQL, MySQL): the pool's settings, a
+//! transaction, or one connection running single statements. A server dialect only says how it
+//! binds arguments.
+
+use std::time::Duration;
 
 use async_trait::async_trait;
-use sqlx::pool::PoolConnection;
-use sqlx::{AssertSqlSafe, Database, Transaction};
+use sqlx::pool::{PoolConnection, PoolConnectionMetadata};
+use sqlx::{AssertSqlSafe, Connection, Database, Transaction};
 
 use super::{Arg, Columns, Session, Sql, Stmt};
 use crate::backend::Result;
@@ -16,6 +19,34 @@ pub trait ServerDialect: Database {
     fn bind(args: &mut Self::Arguments, arg: Arg<'_>) -> Result<()>;
     /// Rows a statement changed (the driver's result types share no trait for it).
     fn rows_affected(done: &Self::QueryResult) -> u64;
+}
+
+/// A pooled connection idle for this long is pinged before it is handed out.
+const PING_AFTER_IDLE: Duration = Duration::from_secs(1);
+
+/// A server pool's settings. sqlx pings every connection it hands out by default: a round trip
+/// before every transaction and every single statement (on PostgreSQL five round trips per write
+/// batch instead of four, two per linearizable read's revision probe instead of one). A
+/// connection back from use a moment ago is known to work, and if it broke since, the statement
+/// fails the way a ping would have, and the caller's retry takes another connection. One that sat
+/// idle may have been closed by the server or a proxy meanwhile: it is pinged, and a dead one is
+/// dropped for another.
+pub fn pool_options<DB: Database>(
+    settings: &crate::backend::PoolOptions,
+) -> sqlx::pool::PoolOptions<DB> {
+    sqlx::pool::PoolOptions::new()
+        .max_connections(settings.max_connections)
+        .idle_timeout(Some(settings.idle_timeout))
+        .acquire_timeout(settings.connect_timeout)
+        .test_before_acquire(false)
+        .before_acquire(|conn: &mut DB::Connection, meta: PoolConnectionMetadata| {
+            Box::pin(async move {
+                if meta.idle_for >= PING_AFTER_IDLE {
+                    conn.ping().await?;
+                }
+                Ok(true)
+            })
+        })
 }
 
 /// A transaction, or a pooled connection running single statements (autocommit).

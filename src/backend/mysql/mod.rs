@@ -28,15 +28,13 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use sqlx::mysql::{
-    MySqlArguments, MySqlConnectOptions, MySqlPool, MySqlPoolOptions, MySqlQueryResult,
-};
+use sqlx::mysql::{MySqlArguments, MySqlConnectOptions, MySqlPool, MySqlQueryResult};
 use sqlx::{ConnectOptions, Transaction};
 use tokio::sync::watch;
 
 pub use sql::{count_query, scan_query};
 
-use super::core::{Arg, Connector, ServerDialect, ServerSession, Sql, bind_scalar};
+use super::core::{Arg, Connector, ServerDialect, ServerSession, Sql, bind_scalar, pool_options};
 
 /// A session on the MySQL pool.
 pub type MysqlSession = ServerSession<sqlx::MySql>;
@@ -130,10 +128,7 @@ impl Mysql {
     pub async fn open(endpoint: &str, pool: &PoolOptions) -> Result<Self> {
         let options = MySqlConnectOptions::from_str(&normalize_endpoint(endpoint))?;
         create_database_if_missing(&options).await?;
-        let pool = MySqlPoolOptions::new()
-            .max_connections(pool.max_connections)
-            .idle_timeout(Some(pool.idle_timeout))
-            .acquire_timeout(pool.connect_timeout)
+        let pool = pool_options::<sqlx::MySql>(pool)
             .after_connect(|conn, _| {
                 Box::pin(async move {
                     // Reads rely on snapshots whatever the server's default isolation is.

@@ -31,9 +31,7 @@ mod sql;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use sqlx::postgres::{
-    PgArguments, PgConnectOptions, PgListener, PgPool, PgPoolOptions, PgQueryResult,
-};
+use sqlx::postgres::{PgArguments, PgConnectOptions, PgListener, PgPool, PgQueryResult};
 use sqlx::{Arguments, ConnectOptions, Transaction};
 use tokio::sync::watch;
 
@@ -41,7 +39,7 @@ use primary::{Endpoint, SessionAttrs};
 use sql::COMMIT_CHANNEL;
 pub use sql::{count_query, scan_query};
 
-use super::core::{Arg, Connector, ServerDialect, ServerSession, Sql, bind_scalar};
+use super::core::{Arg, Connector, ServerDialect, ServerSession, Sql, bind_scalar, pool_options};
 
 /// A session on the PostgreSQL pool.
 pub type PgSession = ServerSession<sqlx::Postgres>;
@@ -108,10 +106,7 @@ impl Postgres {
             .collect();
         let new_pool = move |options: PgConnectOptions| {
             let db_ports = db_ports.clone();
-            PgPoolOptions::new()
-                .max_connections(settings.max_connections)
-                .idle_timeout(Some(settings.idle_timeout))
-                .acquire_timeout(settings.connect_timeout)
+            pool_options::<sqlx::Postgres>(&settings)
                 .after_connect(move |conn, _| {
                     let db_ports = db_ports.clone();
                     Box::pin(async move {
