@@ -284,7 +284,7 @@ struct Inner {
     compacted: watch::Receiver<i64>,
     /// The newest committed revision, so the watch hub wakes at once after a local commit.
     committed: watch::Receiver<i64>,
-    /// The newest revision the writer has committed, moved before the batch is durable and
+    /// The newest revision the writer has committed, moved before the batch is synced and
     /// handed to the watch hub (see [`Store::landed`]).
     landed: Arc<AtomicI64>,
     stats: Arc<WriteCounters>,
@@ -517,9 +517,9 @@ impl Store {
         self.inner.committed.clone()
     }
 
-    /// The newest revision this process's writer has committed, known before the batch is
-    /// durable: [`Store::committed`] moves to it once the batch has been handed to the watch
-    /// hub. A notification of a commit at or below it needs no read of the log, since that
+    /// The newest revision this process's writer has committed, set as soon as its commit
+    /// returns: [`Store::committed`] moves to it later, once the batch is synced (SQLite) and
+    /// handed to the watch hub. A notification of a commit at or below it needs no read of the log, since that
     /// move wakes the hub anyway.
     pub fn landed(&self) -> i64 {
         self.inner.landed.load(Ordering::SeqCst)

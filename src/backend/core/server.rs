@@ -27,10 +27,9 @@ const PING_AFTER_IDLE: Duration = Duration::from_secs(1);
 /// A server pool's settings. sqlx pings every connection it hands out by default: a round trip
 /// before every transaction and every single statement (on PostgreSQL five round trips per write
 /// batch instead of four, two per linearizable read's revision probe instead of one). A
-/// connection back from use a moment ago is known to work, and if it broke since, the statement
-/// fails the way a ping would have, and the caller's retry takes another connection. One that sat
-/// idle may have been closed by the server or a proxy meanwhile: it is pinged, and a dead one is
-/// dropped for another.
+/// connection back from use a moment ago was just checked: sqlx pings every connection it takes
+/// back and drops a broken one. One that sat idle may have been closed by the server or a proxy
+/// meanwhile: it is pinged, and a dead one is dropped for another.
 pub fn pool_options<DB: Database>(
     settings: &crate::backend::PoolOptions,
 ) -> sqlx::pool::PoolOptions<DB> {
