@@ -52,7 +52,8 @@ phase() {
     echo "=== $1 (at $((SECONDS / 60)) min $((SECONDS % 60)) s)"
 }
 # Rounds of the concurrency tests beside a CPU hog (tests/contended.sh). Four keep the whole run
-# near 50 minutes of CI's 90 on a 2-core machine (ten took 70); set more when hunting a race.
+# near an hour of CI's 90 minutes on a 2-core machine (ten took 70 on CI, 82 on a slower one);
+# set more when hunting a race.
 rounds=${ETCDSQL_CONTENDED_ROUNDS:-4}
 phase "SQLite: build and cargo test"
 cargo build --locked
