@@ -41,7 +41,8 @@ pub struct Config {
     )]
     pub endpoint: String,
 
-    /// Most connections to a database server (PostgreSQL) per etcdsql process.
+    /// Most pooled connections to a database server (PostgreSQL) per etcdsql process; the LISTEN
+    /// connection and the revision probe's come on top.
     #[arg(long, env = "ETCDSQL_DB_MAX_CONNECTIONS", default_value_t = 16)]
     pub db_max_connections: u32,
 

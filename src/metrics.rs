@@ -1233,6 +1233,19 @@ macro_rules! instrumented_read_txn {
                 timed(&self.metrics, "changes", self.inner.changes(after, through)).await
             }
 
+            async fn change_keys(
+                &mut self,
+                after: i64,
+                through: i64,
+            ) -> backend::Result<Vec<LogRow>> {
+                timed(
+                    &self.metrics,
+                    "change_keys",
+                    self.inner.change_keys(after, through),
+                )
+                .await
+            }
+
             async fn lease(&mut self, id: i64) -> backend::Result<Option<LeaseRow>> {
                 timed(&self.metrics, "lease", self.inner.lease(id)).await
             }

@@ -409,3 +409,157 @@ async fn auth_changes_reach_every_instance() {
     a.stop().await;
     b.stop().await;
 }
+
+/// Ends every connection the database has to `endpoint`'s database but the one asking, as an
+/// administrator, a restarted pooler or an idle-session timeout would.
+async fn end_connections(endpoint: &str) {
+    if common::on_postgres() {
+        common::execute_sql(
+            endpoint,
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+             WHERE datname = current_database() AND pid <> pg_backend_pid()",
+        )
+        .await;
+    } else {
+        let pool = sqlx::MySqlPool::connect(endpoint).await.unwrap();
+        let ids: Vec<i64> = sqlx::query_scalar(
+            "SELECT id FROM information_schema.processlist \
+             WHERE db = DATABASE() AND id <> CONNECTION_ID()",
+        )
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+        assert!(
+            !ids.is_empty(),
+            "the server holds connections to the database"
+        );
+        for id in ids {
+            // A connection may have gone by itself meanwhile.
+            let _ = sqlx::query(sqlx::AssertSqlSafe(format!("KILL {id}")))
+                .execute(&pool)
+                .await;
+        }
+    }
+}
+
+/// A linearizable read asks the database for its revision on a connection the server keeps for
+/// that; when the database ends that connection between two reads, the next read still gets
+/// its answer (the server takes a new connection) rather than an error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_go_on_when_the_database_ends_the_servers_connections() {
+    if skip() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(dir.path()).await;
+    let mut client = server.client().await;
+    let put = client.put("ended", "v", None).await.unwrap();
+    let revision = put.header().unwrap().revision();
+    for round in 0..3 {
+        // The read before sets the probe's connection up; the one after must not trip on it.
+        assert_eq!(client.get("ended", None).await.unwrap().kvs().len(), 1);
+        end_connections(&common::test_endpoint(dir.path())).await;
+        let got = client
+            .get("ended", None)
+            .await
+            .unwrap_or_else(|e| panic!("round {round}: the read after the connections ended: {e}"));
+        assert_eq!(got.kvs()[0].value(), b"v");
+        assert!(got.header().unwrap().revision() >= revision);
+    }
+    server.stop().await;
+}
+
+/// A counter's value on `server`'s `/metrics` (0 if absent).
+async fn metric(server: &TestServer, sample: &str) -> f64 {
+    let text = reqwest::get(format!("{}/metrics", server.url()))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .find_map(|line| line.strip_prefix(sample)?.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// An instance that writes nothing while another writes a lot takes those writes into its
+/// writer's key index while it is idle, rather than reading them all under the cluster-wide
+/// write lock at its next write (which held every instance's writes up for seconds). Its writes
+/// on those keys then carry what etcd would: the previous value, versions and create revisions
+/// as the other instance left them, deletions and re-creations included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_instance_takes_in_other_writes_before_writing_on_them() {
+    if skip() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let a = TestServer::start(dir.path()).await;
+    let b = TestServer::start(dir.path()).await;
+    let (mut ca, mut cb) = (a.client().await, b.client().await);
+    let key = |i: usize| format!("idle/{i:03}");
+    // 550 revisions, more than an idle writer lets pass before it catches up.
+    for round in ["1", "2"] {
+        for i in 0..200 {
+            ca.put(key(i), round, None).await.unwrap();
+        }
+    }
+    for i in 0..100 {
+        ca.delete(key(i), None).await.unwrap();
+    }
+    for i in 0..50 {
+        ca.put(key(i), "3", None).await.unwrap();
+    }
+    // b's writer reads other processes' changes only to catch up, and has written nothing.
+    let caught_up = r#"etcdsql_sql_duration_seconds_count{query="change_keys"}"#;
+    let give_up = tokio::time::Instant::now() + WAIT;
+    while metric(&b, caught_up).await == 0.0 {
+        assert!(
+            tokio::time::Instant::now() < give_up,
+            "the idle instance never took in the other one's writes"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for i in 0..200 {
+        let before = ca.get(key(i), None).await.unwrap().kvs().first().cloned();
+        let put = cb
+            .put(key(i), "b", Some(PutOptions::new().with_prev_key()))
+            .await
+            .unwrap();
+        let revision = put.header().unwrap().revision();
+        let prev = put.prev_key();
+        assert_eq!(
+            prev.map(|kv| (
+                kv.value(),
+                kv.version(),
+                kv.create_revision(),
+                kv.mod_revision()
+            )),
+            before.as_ref().map(|kv| (
+                kv.value(),
+                kv.version(),
+                kv.create_revision(),
+                kv.mod_revision()
+            )),
+            "{}: previous key",
+            key(i)
+        );
+        let after = ca.get(key(i), None).await.unwrap();
+        let after = &after.kvs()[0];
+        let (version, created) = before
+            .as_ref()
+            .map_or((1, revision), |kv| (kv.version() + 1, kv.create_revision()));
+        assert_eq!(
+            (
+                after.value(),
+                after.version(),
+                after.create_revision(),
+                after.mod_revision()
+            ),
+            (&b"b"[..], version, created, revision),
+            "{}: after b's put",
+            key(i)
+        );
+    }
+    a.stop().await;
+    b.stop().await;
+}

@@ -312,6 +312,9 @@ pub trait ReadTxn: Send {
     /// Every change with a revision in `(after, through]`, in revision and sub-revision order,
     /// `old_value` included (the watch hub's prev_kv).
     async fn changes(&mut self, after: i64, through: i64) -> Result<Vec<LogRow>>;
+    /// [`ReadTxn::changes`] without `value` and `old_value` (left empty): what the writer's key
+    /// index takes in of other processes' commits, at a fraction of the bytes.
+    async fn change_keys(&mut self, after: i64, through: i64) -> Result<Vec<LogRow>>;
     async fn lease(&mut self, id: i64) -> Result<Option<LeaseRow>>;
     async fn leases(&mut self) -> Result<Vec<LeaseRow>>;
     /// The live keys attached to lease `id` (not 0) as of `revision`, in key order.

@@ -42,7 +42,8 @@
 //!   commits, and at the start of each batch, inside the write transaction, the writer checks
 //!   that the database's current revision is the index's; rows another process committed
 //!   (PostgreSQL) are applied to the index, or it is reloaded if compaction may have removed
-//!   some of them.
+//!   some of them. A writer with nothing to do takes other processes' commits in ahead of that,
+//!   from a read snapshot, so a batch under the cluster-wide lock reads only the few since.
 //!
 //! # Reads
 //! Range reads run on the backend's read snapshots, concurrently with the writer. They see every
@@ -983,11 +984,23 @@ async fn run_writer(
     let checked = backend.checked_key_bytes();
     let mut incoming = Vec::with_capacity(MAX_BATCH);
     let mut backlog = VecDeque::with_capacity(MAX_BATCH);
+    // Other processes' commits, as the applied index takes them in.
+    let mut others = applied.subscribe();
     loop {
         if backlog.is_empty() {
             let received = tokio::select! {
+                biased;
                 n = queue.recv_many(&mut incoming, MAX_BATCH) => n,
                 () = shutdown.cancelled() => 0,
+                Ok(()) = others.changed(), if !sole_writer => {
+                    if applied.revision() - index.revision() >= IDLE_CATCH_UP
+                        && let Err(e) = catch_up_idle(backend.as_ref(), &mut index).await
+                    {
+                        // The next batch catches up under the lock instead.
+                        tracing::debug!(error = %e, "the idle writer's catch-up failed");
+                    }
+                    continue;
+                }
             };
             if received == 0 {
                 break;
@@ -1049,6 +1062,29 @@ async fn run_writer(
     }
     // Requests still queued at shutdown were never acknowledged: dropping them tells callers.
     queue.close();
+}
+
+/// How many revisions other processes may commit before an idle writer takes them into its key
+/// index (see [`catch_up_idle`]).
+const IDLE_CATCH_UP: i64 = 256;
+
+/// Takes what other processes committed since the key index's revision into the index, outside
+/// the writers' lock, while this writer has nothing to do. Its next batch would do the same under
+/// the lock, holding every instance's writes up meanwhile: after a while with no writes here and
+/// many elsewhere, a batch would read tens of thousands of rows first (seconds, measured with
+/// three instances). What is left for the batch is what was committed since.
+async fn catch_up_idle(backend: &dyn Backend, index: &mut KeyIndex) -> Result<()> {
+    let mut tx = backend.read().await?;
+    let now = tx.revisions().await?;
+    let known = index.revision();
+    // A reload (behind a compaction, or a database that went backwards) stays the batch's: it
+    // decides under the lock.
+    if index.needs_reload() || now.current <= known || now.compact > known {
+        return Ok(());
+    }
+    let rows = tx.change_keys(known, now.current).await?;
+    index.catch_up(&rows, now.current);
+    Ok(())
 }
 
 /// What the writer keeps in memory beside the database.

@@ -99,7 +99,7 @@ impl<'a> Batch<'a> {
             let heads = self.tx.heads().await?;
             self.index.reload(heads, now.current);
         } else if now.current > known {
-            let rows = self.tx.changes(known, now.current).await?;
+            let rows = self.tx.change_keys(known, now.current).await?;
             self.index.catch_up(&rows, now.current);
         }
         self.index.prune_tombstones(compacted);

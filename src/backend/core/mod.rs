@@ -25,7 +25,7 @@ use std::path::Path;
 
 use async_trait::async_trait;
 
-pub use server::{ServerDialect, ServerSession, bound, pool_options};
+pub use server::{KeptConnection, ServerDialect, ServerSession, bound, pool_options};
 pub use statements::{Sql, Syntax, insert_chunks, number_placeholders, push_tuples, values_chunks};
 
 use super::{
@@ -201,6 +201,11 @@ pub trait Connector: Send + Sync + 'static {
     async fn read_unpinned(&self) -> Result<Self::Session>;
     /// The exclusive write transaction (its lock already taken).
     async fn write(&self) -> Result<Self::Session>;
+    /// A session like `read_unpinned`'s for [`Backend::revisions`], which the revision probe
+    /// calls one at a time and as often as reads come.
+    async fn probe(&self) -> Result<Self::Session> {
+        self.read_unpinned().await
+    }
     /// See [`Backend::sole_writer`].
     fn sole_writer(&self) -> bool {
         false
@@ -246,7 +251,20 @@ impl<C: Connector> Backend for SqlBackend<C> {
     }
 
     async fn revisions(&self) -> Result<Revisions> {
-        SqlTxn(self.0.read_unpinned().await?).revisions().await
+        // Once more on failure: the probe's connection may have been ended by the server (a
+        // restart, an idle timeout, an administrator) since its last use, and the retry takes a
+        // new one. A read that gets no answer fails, so a lost connection should not be the
+        // cause; a database that is really down fails the retry too.
+        // A statement of its own: the session (holding the probe's connection) must be gone
+        // before the retry asks for it again, and a `match` would keep it to the end.
+        let first = SqlTxn(self.0.probe().await?).revisions().await;
+        match first {
+            Ok(revisions) => Ok(revisions),
+            Err(e) => {
+                tracing::debug!(error = %e, "the revision probe failed; retrying once");
+                SqlTxn(self.0.probe().await?).revisions().await
+            }
+        }
     }
 
     async fn values(&self, rows: &[(&[u8], i64)]) -> Result<Vec<Option<Vec<u8>>>> {

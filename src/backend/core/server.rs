@@ -2,11 +2,13 @@
 //! transaction, or one connection running single statements. A server dialect only says how it
 //! binds arguments.
 
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use sqlx::pool::{PoolConnection, PoolConnectionMetadata};
+use sqlx::pool::{Pool, PoolConnection, PoolConnectionMetadata};
 use sqlx::{AssertSqlSafe, Connection, Database, Transaction};
+use tokio::sync::{Mutex, OwnedMappedMutexGuard, OwnedMutexGuard, watch};
 
 use super::{Arg, Columns, Session, Sql, Stmt};
 use crate::backend::Result;
@@ -48,17 +50,127 @@ pub fn pool_options<DB: Database>(
         })
 }
 
-/// A transaction, or a pooled connection running single statements (autocommit).
+/// A transaction, or a connection running single statements (autocommit): a pooled one or
+/// the [`KeptConnection`].
 pub enum ServerSession<DB: Database> {
     Tx(Transaction<'static, DB>),
     Single(PoolConnection<DB>),
+    Kept(OwnedMappedMutexGuard<Slot<DB>, Kept<DB>>),
 }
 
 impl<DB: Database> ServerSession<DB> {
+    /// The connection, for one statement; [`ServerSession::settled`] tells when it finished.
     fn conn(&mut self) -> &mut DB::Connection {
         match self {
             ServerSession::Tx(tx) => tx,
             ServerSession::Single(conn) => conn,
+            ServerSession::Kept(kept) => {
+                kept.unsettled = true;
+                &mut kept.conn
+            }
+        }
+    }
+
+    fn settled(&mut self) {
+        if let ServerSession::Kept(kept) = self {
+            kept.unsettled = false;
+            kept.used = Instant::now();
+        }
+    }
+}
+
+/// One connection kept out of the pool for a job that runs one statement at a time, over and
+/// over: the revision probe behind every linearizable read. A pooled connection costs that job a
+/// second round trip per statement, because sqlx pings every connection it takes back (there is
+/// no setting against it); a kept one is never given back.
+///
+/// It follows the pool: when `pools` announces a new one (a failover moved the primary), the
+/// kept connection is dropped and the next one comes from the new pool. A connection idle for
+/// [`PING_AFTER_IDLE`] is pinged first, as the pool would, and one whose last statement did
+/// not finish cleanly (it failed, or its caller was cancelled mid-answer) is replaced.
+pub struct KeptConnection<DB: Database> {
+    slot: Arc<Mutex<Slot<DB>>>,
+}
+
+/// What [`KeptConnection`] guards: the pools it follows and the connection it keeps.
+pub struct Slot<DB: Database> {
+    pools: watch::Receiver<Pool<DB>>,
+    live: Option<Kept<DB>>,
+}
+
+/// The kept connection, on loan to one [`ServerSession`] at a time.
+pub struct Kept<DB: Database> {
+    conn: DB::Connection,
+    used: Instant,
+    /// A statement began on it and has not finished cleanly.
+    unsettled: bool,
+}
+
+/// A connection taken out of `pool` that answers a ping. The pool checks only connections idle
+/// for [`PING_AFTER_IDLE`]; but a kept connection is replaced after a failure, often because the
+/// server ended its connections (a restart, an administrator), which leaves every idle one in
+/// the pool dead too. Each connection that fails is dropped, and the pool discards it.
+async fn answering<DB: Database>(pool: &Pool<DB>) -> Result<DB::Connection> {
+    let mut attempts = pool.size() + 1;
+    loop {
+        let mut conn = pool.acquire().await?;
+        match conn.ping().await {
+            Ok(()) => return Ok(conn.detach()),
+            Err(e) if attempts <= 1 => return Err(e.into()),
+            Err(_) => attempts -= 1,
+        }
+    }
+}
+
+impl<DB: Database> KeptConnection<DB> {
+    pub fn new(pools: watch::Receiver<Pool<DB>>) -> Self {
+        Self {
+            slot: Arc::new(Mutex::new(Slot { pools, live: None })),
+        }
+    }
+
+    /// For a backend whose pool is never replaced.
+    pub fn fixed(pool: Pool<DB>) -> Self {
+        Self::new(watch::channel(pool).1)
+    }
+
+    /// A session on the kept connection; waits while another has it.
+    ///
+    /// # Errors
+    /// No connection could be had from the pool.
+    pub async fn session(&self) -> Result<ServerSession<DB>> {
+        let mut slot = self.slot.clone().lock_owned().await;
+        // A closed sender means the backend is closing: the pool it left is closed too, and
+        // acquiring from it below says so.
+        if slot.pools.has_changed().unwrap_or(false) {
+            slot.pools.borrow_and_update();
+            slot.live = None;
+        }
+        if let Some(kept) = &mut slot.live
+            && (kept.unsettled
+                || (kept.used.elapsed() >= PING_AFTER_IDLE && kept.conn.ping().await.is_err()))
+        {
+            slot.live = None;
+        }
+        if slot.live.is_none() {
+            let pool = slot.pools.borrow().clone();
+            slot.live = Some(Kept {
+                conn: answering(&pool).await?,
+                used: Instant::now(),
+                unsettled: false,
+            });
+        }
+        let kept = OwnedMutexGuard::try_map(slot, |slot| slot.live.as_mut())
+            .map_err(|_| sqlx::Error::PoolClosed)?;
+        Ok(ServerSession::Kept(kept))
+    }
+
+    /// Closes the kept connection, once the pool is closed (which keeps another from being
+    /// made): the pool's closing does not reach a connection it gave away.
+    pub async fn close(&self) {
+        if let Some(kept) = self.slot.lock().await.live.take() {
+            // A connection that cannot say goodbye is dropped all the same.
+            let _ = kept.conn.close().await;
         }
     }
 }
@@ -95,12 +207,15 @@ where
 
     async fn fetch(&mut self, stmt: Stmt<'_>) -> Result<Vec<DB::Row>> {
         let (sql, args) = bound(stmt, DB::bind)?;
-        Ok(sqlx::query_with(sql, args).fetch_all(self.conn()).await?)
+        let rows = sqlx::query_with(sql, args).fetch_all(self.conn()).await?;
+        self.settled();
+        Ok(rows)
     }
 
     async fn execute(&mut self, stmt: Stmt<'_>) -> Result<u64> {
         let (sql, args) = bound(stmt, DB::bind)?;
         let done = sqlx::query_with(sql, args).execute(self.conn()).await?;
+        self.settled();
         Ok(DB::rows_affected(&done))
     }
 

@@ -53,6 +53,7 @@ pub struct Sql {
     pub latest: Cow<'static, str>,
     pub heads: Cow<'static, str>,
     pub changes: Cow<'static, str>,
+    pub change_keys: Cow<'static, str>,
     pub lease_keys: Cow<'static, str>,
 
     pub lease: Cow<'static, str>,
@@ -168,6 +169,12 @@ impl Sql {
                  FROM kv_log AS k WHERE k.revision > ? AND k.revision <= ? \
                  ORDER BY k.revision, k.sub",
             ),
+            change_keys: syntax.spell_owned(format!(
+                "SELECT revision, sub, name, created, deleted, create_revision, prev_revision, \
+                 version, lease, {}, {}, old_lease FROM kv_log \
+                 WHERE revision > ? AND revision <= ? ORDER BY revision, sub",
+                syntax.empty_bytes, syntax.null_bytes
+            )),
             // A lease holds few keys: its partial index finds every row that ever carried it
             // (`k.lease <> 0` lets the planner use it), and the visibility test keeps the one
             // row per key that is live at the revision.

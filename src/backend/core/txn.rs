@@ -86,6 +86,13 @@ impl<S: Session> ReadTxn for SqlTxn<S> {
         self.rows(stmt).await
     }
 
+    async fn change_keys(&mut self, after: i64, through: i64) -> Result<Vec<LogRow>> {
+        let stmt = Stmt::new(&*self.0.sql().change_keys)
+            .int(after)
+            .int(through);
+        self.rows(stmt).await
+    }
+
     async fn lease(&mut self, id: i64) -> Result<Option<LeaseRow>> {
         let stmt = Stmt::new(&*self.0.sql().lease).int(id);
         Ok(self.leases_of(stmt).await?.pop())

@@ -34,7 +34,9 @@ use tokio::sync::watch;
 
 pub use sql::{count_query, scan_query};
 
-use super::core::{Arg, Connector, ServerDialect, ServerSession, Sql, bind_scalar, pool_options};
+use super::core::{
+    Arg, Connector, KeptConnection, ServerDialect, ServerSession, Sql, bind_scalar, pool_options,
+};
 
 /// A session on the MySQL pool.
 pub type MysqlSession = ServerSession<sqlx::MySql>;
@@ -52,6 +54,8 @@ const MIGRATION_LOCK: &str = "etcdsql_migrate";
 
 pub struct Mysql {
     pool: MySqlPool,
+    /// The revision probe's connection, kept out of the pool.
+    probe: KeptConnection<sqlx::MySql>,
     commits: watch::Receiver<CommitNotice>,
     /// Stops the polling task when the backend closes.
     poller: tokio::task::JoinHandle<()>,
@@ -166,6 +170,7 @@ impl Mysql {
         let (tx, commits) = watch::channel(CommitNotice::default());
         let poller = tokio::spawn(poll_commits(pool.clone(), tx));
         Ok(Self {
+            probe: KeptConnection::fixed(pool.clone()),
             pool,
             commits,
             poller,
@@ -261,6 +266,10 @@ impl Connector for Mysql {
         Ok(MysqlSession::Tx(self.write_tx().await?))
     }
 
+    async fn probe(&self) -> Result<MysqlSession> {
+        self.probe.session().await
+    }
+
     /// The width of `kv_log.name` (see the migration).
     fn max_key_bytes(&self) -> Option<usize> {
         Some(3000)
@@ -309,6 +318,7 @@ impl Connector for Mysql {
     async fn close(&self) {
         self.poller.abort();
         self.pool.close().await;
+        self.probe.close().await;
     }
 }
 

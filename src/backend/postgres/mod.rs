@@ -39,7 +39,9 @@ use primary::{Endpoint, SessionAttrs};
 use sql::COMMIT_CHANNEL;
 pub use sql::{count_query, scan_query};
 
-use super::core::{Arg, Connector, ServerDialect, ServerSession, Sql, bind_scalar, pool_options};
+use super::core::{
+    Arg, Connector, KeptConnection, ServerDialect, ServerSession, Sql, bind_scalar, pool_options,
+};
 
 /// A session on the PostgreSQL pool.
 pub type PgSession = ServerSession<sqlx::Postgres>;
@@ -76,6 +78,8 @@ pub struct Postgres {
     /// The pool of the primary in use; replaced when a failover moves the primary
     /// ([`primary`]).
     pools: watch::Receiver<PgPool>,
+    /// The revision probe's connection, kept out of the pool.
+    probe: KeptConnection<sqlx::Postgres>,
     /// With a single host nothing replaces the pool; its sender lives here so that the
     /// channel stays open (with several, the task that follows the primary holds it).
     _single_pool: Option<watch::Sender<PgPool>>,
@@ -174,6 +178,7 @@ impl Postgres {
             None
         };
         Ok(Self {
+            probe: KeptConnection::new(pools.clone()),
             pools,
             _single_pool: single_pool,
             commits,
@@ -406,6 +411,10 @@ impl Connector for Postgres {
         Ok(PgSession::Tx(self.write_tx().await?))
     }
 
+    async fn probe(&self) -> Result<PgSession> {
+        self.probe.session().await
+    }
+
     async fn size(&self) -> Result<DbSize> {
         let total: i64 = sqlx::query_scalar("SELECT pg_database_size(current_database())")
             .fetch_one(&self.pool())
@@ -464,6 +473,7 @@ impl Connector for Postgres {
             task.abort();
         }
         self.pool().close().await;
+        self.probe.close().await;
     }
 }
 

@@ -313,6 +313,11 @@ impl Applied {
         *self.inner.revision.borrow()
     }
 
+    /// Tells each revision the index moves to.
+    pub(crate) fn subscribe(&self) -> watch::Receiver<i64> {
+        self.inner.revision.subscribe()
+    }
+
     /// Marks the index as fed by a publisher of every revision from now on.
     pub fn feed(&self) {
         self.inner.fed.store(true, Ordering::Release);
