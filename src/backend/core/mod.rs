@@ -251,12 +251,11 @@ impl<C: Connector> Backend for SqlBackend<C> {
     }
 
     async fn revisions(&self) -> Result<Revisions> {
-        // Once more on failure: the probe's connection may have been ended by the server (a
-        // restart, an idle timeout, an administrator) since its last use, and the retry takes a
-        // new one. A read that gets no answer fails, so a lost connection should not be the
-        // cause; a database that is really down fails the retry too.
-        // A statement of its own: the session (holding the probe's connection) must be gone
-        // before the retry asks for it again, and a `match` would keep it to the end.
+        // Once more on failure: the server may have ended the probe's connection (a restart,
+        // an idle timeout, an administrator) since its last use, and the retry takes a new one;
+        // a database that is really down fails the retry too. The first try is a statement of
+        // its own because its session holds the probe's connection, which a `match` on it would
+        // keep to the end, deadlocking the retry.
         let first = SqlTxn(self.0.probe().await?).revisions().await;
         match first {
             Ok(revisions) => Ok(revisions),
