@@ -471,13 +471,9 @@ async fn reads_go_on_when_the_database_ends_the_servers_connections() {
 
 /// A counter's value on `server`'s `/metrics` (0 if absent).
 async fn metric(server: &TestServer, sample: &str) -> f64 {
-    let text = reqwest::get(format!("{}/metrics", server.url()))
+    common::metrics_text(server)
         .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
+        .lines()
         .find_map(|line| line.strip_prefix(sample)?.trim().parse().ok())
         .unwrap_or(0.0)
 }

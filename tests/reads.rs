@@ -242,12 +242,7 @@ async fn compare_reads(read_cache_bytes: Option<usize>, history: usize) {
 /// Range reads answered so far from memory and from SQL, by the server's metrics. Each scrape
 /// counts the keys with a read of its own (from memory), which it includes.
 async fn read_sources(server: &TestServer) -> (f64, f64) {
-    let text = reqwest::get(format!("{}/metrics", server.url()))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = common::metrics_text(server).await;
     let series = |source: &str| -> f64 {
         let prefix = format!("etcdsql_range_reads_total{{source=\"{source}\"}} ");
         text.lines()

@@ -233,6 +233,16 @@ pub fn test_endpoint(dir: &Path) -> String {
     format!("{server}/etcdsql_test_{hash:016x}")
 }
 
+/// What `server`'s `/metrics` shows now.
+pub async fn metrics_text(server: &TestServer) -> String {
+    reqwest::get(format!("{}/metrics", server.url()))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
 /// Runs `sql` (no parameters, the same in every dialect) straight on the database.
 pub async fn execute_sql(endpoint: &str, sql: &str) {
     let sql = sqlx::AssertSqlSafe(sql.to_owned());
