@@ -10,7 +10,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{TestServer, shared_database};
+use common::{TestServer, fields, shared_database};
 use etcd_client::{GetOptions, PutOptions, WatchOptions};
 
 const WAIT: Duration = Duration::from_secs(15);
@@ -516,42 +516,28 @@ async fn an_idle_instance_takes_in_other_writes_before_writing_on_them() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     for i in 0..200 {
-        let before = ca.get(key(i), None).await.unwrap().kvs().first().cloned();
+        let before = ca.get(key(i), None).await.unwrap().kvs().to_vec();
         let put = cb
             .put(key(i), "b", Some(PutOptions::new().with_prev_key()))
             .await
             .unwrap();
         let revision = put.header().unwrap().revision();
-        let prev = put.prev_key();
-        assert_eq!(
-            prev.map(|kv| (
-                kv.value(),
-                kv.version(),
-                kv.create_revision(),
-                kv.mod_revision()
-            )),
-            before.as_ref().map(|kv| (
-                kv.value(),
-                kv.version(),
-                kv.create_revision(),
-                kv.mod_revision()
-            )),
-            "{}: previous key",
-            key(i)
-        );
-        let after = ca.get(key(i), None).await.unwrap();
-        let after = &after.kvs()[0];
+        let prev: Vec<_> = put.prev_key().into_iter().cloned().collect();
+        assert_eq!(fields(&prev), fields(&before), "{}: previous key", key(i));
         let (version, created) = before
-            .as_ref()
+            .first()
             .map_or((1, revision), |kv| (kv.version() + 1, kv.create_revision()));
+        let after = ca.get(key(i), None).await.unwrap();
         assert_eq!(
-            (
-                after.value(),
-                after.version(),
-                after.create_revision(),
-                after.mod_revision()
-            ),
-            (&b"b"[..], version, created, revision),
+            fields(after.kvs()),
+            vec![(
+                key(i).into_bytes(),
+                created,
+                revision,
+                version,
+                b"b".to_vec(),
+                0
+            )],
             "{}: after b's put",
             key(i)
         );

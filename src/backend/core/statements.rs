@@ -125,6 +125,13 @@ impl Sql {
             |rest: &str| syntax.spell_owned(format!("{ignore} {rest}{ignore_tail}"));
         let auth_meta =
             "SELECT name, value FROM meta WHERE name IN ('auth_enabled', 'auth_revision')";
+        // The log's columns with the value and old value left empty: what the writer's key
+        // index reads (`heads`, `change_keys`).
+        let key_columns = format!(
+            "revision, sub, name, created, deleted, create_revision, prev_revision, version, \
+             lease, {}, {}, old_lease",
+            syntax.empty_bytes, syntax.null_bytes
+        );
         Sql {
             revisions: s(
                 "SELECT name, value FROM meta WHERE name IN ('current_revision', 'compact_revision', 'fence_revision')",
@@ -149,9 +156,7 @@ impl Sql {
                 " FROM kv_log WHERE name = ? AND superseded_by IS NULL"
             )),
             heads: syntax.spell_owned(format!(
-                "SELECT revision, sub, name, created, deleted, create_revision, prev_revision, \
-                 version, lease, {}, {}, old_lease FROM kv_log WHERE superseded_by IS NULL",
-                syntax.empty_bytes, syntax.null_bytes
+                "SELECT {key_columns} FROM kv_log WHERE superseded_by IS NULL"
             )),
             // The old value is the predecessor row's (rows written by older releases carry
             // their own as well); compaction keeps it for every change at or above the compact
@@ -170,10 +175,8 @@ impl Sql {
                  ORDER BY k.revision, k.sub",
             ),
             change_keys: syntax.spell_owned(format!(
-                "SELECT revision, sub, name, created, deleted, create_revision, prev_revision, \
-                 version, lease, {}, {}, old_lease FROM kv_log \
-                 WHERE revision > ? AND revision <= ? ORDER BY revision, sub",
-                syntax.empty_bytes, syntax.null_bytes
+                "SELECT {key_columns} FROM kv_log \
+                 WHERE revision > ? AND revision <= ? ORDER BY revision, sub"
             )),
             // A lease holds few keys: its partial index finds every row that ever carried it
             // (`k.lease <> 0` lets the planner use it), and the visibility test keeps the one
