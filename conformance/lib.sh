@@ -38,6 +38,8 @@ section() {
 # lines (or it exits on its own, or TIMEOUT_S seconds pass), then stops it and
 # prints the output. Use only with a start revision so that
 # every expected event is replayed from history (no timing dependence).
+# N=0 waits for the watch to exit on its own: a canceled watch prints its
+# lines before it exits, so counting lines would race with the exit.
 watch_lines() {
     local n=$1 t=$2 out pid i rc
     shift 2
@@ -46,7 +48,7 @@ watch_lines() {
     $ETCDCTL watch "$@" >"$out" 2>&1 &
     pid=$!
     for ((i = 0; i < t * 20; i++)); do
-        if [ "$(wc -l <"$out")" -ge "$n" ]; then break; fi
+        if [ "$n" -gt 0 ] && [ "$(wc -l <"$out")" -ge "$n" ]; then break; fi
         if ! kill -0 "$pid" 2>/dev/null; then break; fi
         sleep 0.05
     done
