@@ -1094,6 +1094,34 @@ impl Backend for InstrumentedBackend {
         }))
     }
 
+    /// Includes waiting for the previous write transaction to finish.
+    async fn write_from(
+        &self,
+        after: i64,
+    ) -> backend::Result<(Box<dyn WriteTxn>, Option<backend::Opening>)> {
+        let (inner, opening) =
+            timed(&self.metrics, "begin_write", self.inner.write_from(after)).await?;
+        let write = InstrumentedWrite {
+            inner,
+            metrics: self.metrics.clone(),
+        };
+        Ok((Box::new(write), opening))
+    }
+
+    async fn read_changes(
+        &self,
+        after: i64,
+        through: i64,
+    ) -> backend::Result<(Revisions, Vec<LogRow>)> {
+        // The same label as the statement it stands for where the backend reads it alone.
+        timed(
+            &self.metrics,
+            "changes",
+            self.inner.read_changes(after, through),
+        )
+        .await
+    }
+
     async fn cluster_id(&self) -> backend::Result<u64> {
         timed(&self.metrics, "cluster_id", self.inner.cluster_id()).await
     }

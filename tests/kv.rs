@@ -96,6 +96,86 @@ async fn prev_kv_on_put_and_delete() {
     server.stop().await;
 }
 
+/// Keys and values are bytes, whatever they hold: every byte value, quotes, backslashes, what
+/// looks like SQL or a placeholder, nothing at all, and a value large enough to be sent apart from
+/// the commit. Written concurrently, so that they share batches, then overwritten: each reads
+/// back exactly, and each overwrite returns the exact value it replaced.
+#[tokio::test]
+async fn keys_and_values_of_any_bytes_are_kept_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(dir.path()).await;
+    let every_byte: Vec<u8> = (0..=255u8).collect();
+    let odd: Vec<(Vec<u8>, Vec<u8>)> = vec![
+        (
+            b"bytes/all".to_vec(),
+            every_byte.iter().rev().copied().collect(),
+        ),
+        ([b"bytes/".as_slice(), &every_byte].concat(), b"v".to_vec()),
+        (b"bytes/quote'".to_vec(), b"it's '' \\' E'\\x00'".to_vec()),
+        (b"bytes/backslash\\".to_vec(), b"\\x41\\\\".to_vec()),
+        (
+            b"bytes/sql".to_vec(),
+            b"'); DROP TABLE kv_log; -- $1 $16 ?".to_vec(),
+        ),
+        (b"bytes/empty".to_vec(), Vec::new()),
+    ];
+    let put_all = |c: etcd_client::Client, values: Vec<(Vec<u8>, Vec<u8>)>| async move {
+        let puts: Vec<_> = values
+            .into_iter()
+            .map(|(key, value)| {
+                let mut c = c.clone();
+                tokio::spawn(async move {
+                    let put = c
+                        .put(key.clone(), value, Some(PutOptions::new().with_prev_key()))
+                        .await
+                        .unwrap();
+                    (key, put.prev_key().map(|kv| kv.value().to_vec()))
+                })
+            })
+            .collect();
+        let mut prevs = Vec::new();
+        for put in puts {
+            prevs.push(put.await.unwrap());
+        }
+        prevs
+    };
+    let c = server.client().await;
+    let firsts = put_all(c.clone(), odd.clone()).await;
+    assert!(firsts.iter().all(|(_, prev)| prev.is_none()), "{firsts:?}");
+    // Alone, so that its batch is the large one.
+    let large = (
+        b"bytes/large".to_vec(),
+        (0..400_000u32).map(|i| (i % 251) as u8).collect(),
+    );
+    put_all(c.clone(), vec![large.clone()]).await;
+    let odd = [odd, vec![large]].concat();
+    // After a restart, values come from the database, not from what the server remembers.
+    drop(c);
+    server.stop().await;
+    let server = TestServer::start(dir.path()).await;
+    let c = server.client().await;
+    let mut client = c.clone();
+    for (key, value) in &odd {
+        let got = client.get(key.clone(), None).await.unwrap();
+        assert_eq!(got.kvs().len(), 1, "{key:?}");
+        assert_eq!(got.kvs()[0].key(), key.as_slice());
+        assert_eq!(got.kvs()[0].value(), value.as_slice(), "{key:?}");
+    }
+    let again: Vec<_> = odd
+        .iter()
+        .map(|(k, _)| (k.clone(), b"next".to_vec()))
+        .collect();
+    let mut replaced = put_all(c.clone(), again).await;
+    replaced.sort();
+    let mut expected: Vec<_> = odd
+        .iter()
+        .map(|(k, v)| (k.clone(), Some(v.clone())))
+        .collect();
+    expected.sort();
+    assert_eq!(replaced, expected);
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn ranges_prefixes_and_from_key_follow_byte_order() {
     let dir = tempfile::tempdir().unwrap();
@@ -1364,6 +1444,34 @@ async fn keys_longer_than_the_database_holds_are_refused_whole() {
         }
         let none = c.get(random.as_str(), None).await.unwrap();
         assert!(none.kvs().is_empty());
+        // The failed transaction ended with its batch: no connection of the server's pool is
+        // left inside it, to fail the statements of whoever takes it next.
+        let pool = sqlx::PgPool::connect(&common::test_endpoint(dir.path()))
+            .await
+            .unwrap();
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            let stuck: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity \
+                 WHERE datname = current_database() AND state LIKE 'idle in transaction%'",
+            )
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            if stuck == 0 {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{stuck} connections still idle in a transaction after 10 s"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        for i in 0..8 {
+            c.put(format!("after/{i}"), "v", None)
+                .await
+                .expect("a put after the refused one succeeds");
+        }
     }
     server.stop().await;
 }

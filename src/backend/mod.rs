@@ -84,6 +84,19 @@ pub struct Revisions {
     pub fence: i64,
 }
 
+/// What a write transaction read in the round trip that began it ([`Backend::write_from`]).
+#[derive(Debug, Default)]
+pub struct Opening {
+    /// The revisions, read under the writers' lock.
+    pub revisions: Revisions,
+    /// The rows of revisions `(after, through]` as [`ReadTxn::changes`] reads them: what other
+    /// processes committed since the revision the caller named.
+    pub changes: Vec<LogRow>,
+    pub after: i64,
+    /// At `revisions.current`, or below it when more was committed than one opening reads.
+    pub through: i64,
+}
+
 /// What a database's commit notifications say ([`Backend::commit_notifications`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CommitNotice {
@@ -245,8 +258,15 @@ pub trait Backend: Send + Sync + 'static {
     fn checked_key_bytes(&self) -> Option<usize> {
         None
     }
+    /// The revisions and [`ReadTxn::changes`] in `(after, through]`, from one snapshot: what the
+    /// watch hub reads of other processes' commits, in one round trip where the backend can.
+    async fn read_changes(&self, after: i64, through: i64) -> Result<(Revisions, Vec<LogRow>)>;
     /// Opens the one write transaction; waits while another is open.
     async fn write(&self) -> Result<Box<dyn WriteTxn>>;
+    /// Opens the write transaction as [`Backend::write`] does and, where the backend can, reads
+    /// in the same round trip what a writer whose key index is at revision `after` reads first:
+    /// the revisions and the changes since `after`. `None`: the caller reads them itself.
+    async fn write_from(&self, after: i64) -> Result<(Box<dyn WriteTxn>, Option<Opening>)>;
     /// The cluster id, chosen once when the database was created.
     async fn cluster_id(&self) -> Result<u64>;
     async fn size(&self) -> Result<DbSize>;

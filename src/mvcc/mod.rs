@@ -31,7 +31,10 @@
 //! and a Put's bookkeeping need no SQL; new rows are buffered and inserted together, and the old
 //! values a batch's Puts need are fetched in one query. A typical batch is therefore a fixed
 //! handful of statements (begin, revisions, old values, insert, current revision, commit)
-//! rather than several per request. The invariants above still hold:
+//! rather than several per request; where the backend can, the begin, the revisions and the
+//! changes other processes committed come in one round trip, values included
+//! ([`Backend::write_from`]), so the old values they replaced need no query. The invariants
+//! above still hold:
 //! - A failed request changes nothing: every error it can meet (a missing key for `ignore_*`, an
 //!   unknown lease, a compacted Range) is found before it writes to the database, and its rows
 //!   and index changes are dropped. Only a txn that reads with a Range after writing must put
@@ -97,7 +100,9 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::backend::{self, Backend, DbSize, LeaseRow, LogRow, ReadTxn, Revisions, Scan};
+use crate::backend::{
+    self, Backend, DbSize, LeaseRow, LogRow, Opening, ReadTxn, Revisions, Scan,
+};
 pub use applied::Applied;
 use compare::{fetch_limit, finish_range};
 use index::KeyIndex;
@@ -387,8 +392,9 @@ pub type CommitObserver = Box<dyn Fn(usize, i64) + Send + Sync>;
 
 /// Called after each committed batch that changed something, once it is durable and before its
 /// replies are sent, with the revision before the batch, the revision after it and the rows of
-/// the revisions in between, in order. It runs on the task that sends the writer's replies: it
-/// must be quick and must not block.
+/// the revisions in between, in order; ahead of those, the same for the other processes'
+/// commits the batch's transaction read when it began, if it read them. It runs on the task
+/// that sends the writer's replies: it must be quick and must not block.
 pub type ChangeSink = Box<dyn Fn(i64, i64, Vec<LogRow>) + Send + Sync>;
 
 /// How many Range reads were answered from memory alone, and how many needed SQL.
@@ -1146,14 +1152,17 @@ async fn run_acknowledger(
                 if let Some(observe) = stats.observer.get() {
                     observe(received, outcome.current);
                 }
-                if outcome.current > outcome.before
-                    && let Some(sink) = stats.changes.get()
-                {
-                    sink(
-                        outcome.before,
-                        outcome.current,
-                        std::mem::take(&mut outcome.rows),
-                    );
+                if let Some(sink) = stats.changes.get() {
+                    if let Some(others) = outcome.others.take() {
+                        sink(others.after, others.through, others.changes);
+                    }
+                    if outcome.current > outcome.before {
+                        sink(
+                            outcome.before,
+                            outcome.current,
+                            std::mem::take(&mut outcome.rows),
+                        );
+                    }
                 }
                 committed.send_if_modified(|current| {
                     let moved = outcome.current > *current;
@@ -1242,6 +1251,10 @@ struct Committed {
     compact: Option<i64>,
     /// The rows of the revisions `(before, current]`, in order.
     rows: Vec<LogRow>,
+    /// What other processes committed before the batch, as its transaction read it when it
+    /// began ([`Backend::write_from`]): handed to the watch hub ahead of the batch's own rows,
+    /// which the hub can then take in at once instead of reading all of them from the log.
+    others: Option<Opening>,
 }
 
 /// Applies the jobs in one transaction and commits it. The jobs' answers are pushed to
@@ -1260,8 +1273,12 @@ async fn apply_batch(
     outcomes: &mut Vec<Outcome>,
 ) -> BatchResult {
     let jobs: Vec<WriteJob> = jobs.collect();
-    let tx = match backend.write().await {
-        Ok(tx) => tx,
+    let opened = match known {
+        Some(_) => backend.write().await.map(|tx| (tx, None)),
+        None => backend.write_from(index.revision()).await,
+    };
+    let (tx, opening) = match opened {
+        Ok(opened) => opened,
         Err(e) => {
             outcomes.extend(jobs.into_iter().map(Outcome::failed));
             return Err(e.into());
@@ -1271,10 +1288,12 @@ async fn apply_batch(
     let mut batch = Batch::new(tx, index, values);
     // Where the batch's own changes to the index begin (after bringing it up to date).
     let mut batch_mark = None;
+    let mut others = None;
     let step: BatchResult = async {
-        let start = match known {
-            Some(known) => known,
-            None => batch.tx.revisions().await?,
+        let start = match (known, &opening) {
+            (Some(known), _) => known,
+            (None, Some(opening)) => opening.revisions,
+            (None, None) => batch.tx.revisions().await?,
         };
         if start.current < served {
             return Err(Error::Rewound {
@@ -1282,7 +1301,7 @@ async fn apply_batch(
                 served,
             });
         }
-        batch.sync_index(start, compacted).await?;
+        others = batch.sync_index(start, compacted, opening).await?;
         batch_mark = Some(batch.index.mark());
         let txns = pending.as_slice().iter().filter_map(|job| match job {
             WriteJob::Txn { req, .. } => Some(req),
@@ -1366,11 +1385,16 @@ async fn apply_batch(
             current,
             compact: compact_moved,
             rows: Vec::new(),
+            others: None,
         })
     }
     .await;
     let (tx, rows) = batch.into_parts();
-    let step = step.map(|committed| Committed { rows, ..committed });
+    let step = step.map(|committed| Committed {
+        rows,
+        others,
+        ..committed
+    });
     let committed = match step {
         Ok(committed) => tx.commit().await.map(|()| committed).map_err(Error::from),
         Err(e) => Err(e),

@@ -24,7 +24,7 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 
-use crate::backend::{LogRow, RangeEnd, Revisions, Scan, WriteTxn};
+use crate::backend::{LogRow, Opening, RangeEnd, Revisions, Scan, WriteTxn};
 
 use super::compare::{evaluate, fetch_limit, finish_range};
 use super::index::{KeyIndex, KeyMeta, Mark};
@@ -84,8 +84,16 @@ impl<'a> Batch<'a> {
     /// so nothing moves it meanwhile): applies what other processes committed since the index's
     /// revision, or reloads the index when that is not possible. Then forgets tombstones that
     /// physical compaction removed (`compacted`, this process's compactor's progress).
-    pub(crate) async fn sync_index(&mut self, now: Revisions, compacted: i64) -> Result<()> {
+    /// `opening`, if the transaction began with one, holds changes already read; the ones it
+    /// took in are returned, for the watch hub.
+    pub(crate) async fn sync_index(
+        &mut self,
+        now: Revisions,
+        compacted: i64,
+        opening: Option<Opening>,
+    ) -> Result<Option<Opening>> {
         let known = self.index.revision();
+        let mut taken = None;
         if self.index.needs_reload() || now.current < known || now.compact > known {
             // Behind a compaction, rows of the missing revisions may be gone (a deleted key's
             // tombstone); going backwards means the database is not the one the index was
@@ -99,11 +107,25 @@ impl<'a> Batch<'a> {
             let heads = self.tx.heads().await?;
             self.index.reload(heads, now.current);
         } else if now.current > known {
-            let rows = self.tx.change_keys(known, now.current).await?;
-            self.index.catch_up(&rows, now.current);
+            let mut through = known;
+            if let Some(opening) = opening.filter(|o| o.after == known && o.through > known) {
+                // The opening's rows carry their values: those the batch's ops are likeliest
+                // to ask for, other processes' latest writes.
+                for row in opening.changes.iter().filter(|row| !row.deleted) {
+                    self.values
+                        .insert((row.key.clone(), row.revision), row.value.clone());
+                }
+                self.index.catch_up(&opening.changes, opening.through);
+                through = opening.through;
+                taken = Some(opening);
+            }
+            if through < now.current {
+                let rows = self.tx.change_keys(through, now.current).await?;
+                self.index.catch_up(&rows, now.current);
+            }
         }
         self.index.prune_tombstones(compacted);
-        Ok(())
+        Ok(taken)
     }
 
     /// Fetches, in one query, the current values of the existing keys that the batch's txns

@@ -261,8 +261,7 @@ impl Hub {
         // A store serves one hub; should a second one start, it relies on its tailer alone
         // and leaves the applied index to the first.
         let first = store.feed_changes(Box::new(move |after, through, rows| {
-            let events = rows.into_iter().map(Event::from_row).collect();
-            direct.publish(after, through, events);
+            direct.take_over(after, through, rows);
         }));
         let hub = if first {
             applied.feed();
@@ -359,10 +358,25 @@ impl Hub {
         after: i64,
         through: i64,
     ) -> mvcc::Result<(Revisions, Vec<Event>)> {
-        let mut tx = self.inner.backend.read().await?;
-        let revisions = tx.revisions().await?;
-        let rows = tx.changes(after, through).await?;
+        let (revisions, rows) = self.inner.backend.read_changes(after, through).await?;
         Ok((revisions, rows.into_iter().map(Event::from_row).collect()))
+    }
+
+    /// Publishes what the writer handed over, the rows of `(after, through]`, as far as H has
+    /// not reached them yet. If H is below `after` nothing is published: the tailer reads the
+    /// gap, and these rows with it.
+    fn take_over(&self, after: i64, through: i64, rows: Vec<LogRow>) {
+        let delivered = self.delivered();
+        if delivered < after || delivered >= through {
+            return;
+        }
+        let events = rows
+            .into_iter()
+            .filter(|row| row.revision > delivered)
+            .map(Event::from_row)
+            .collect();
+        // Refused if the tailer moved H meanwhile; it then has these rows too.
+        self.publish(delivered, through, events);
     }
 
     /// Hands the changes in `(after, through]` to the interested streams and moves H to
@@ -664,14 +678,22 @@ async fn tail_once(hub: &Hub, store: &Store) -> mvcc::Result<()> {
         if current <= delivered {
             return Ok(());
         }
+        let mut newest = current;
         while delivered < current {
             let through = (delivered + READ_CHUNK).min(current);
-            let (_, events) = hub.read_changes(delivered, through).await?;
+            let (seen, events) = hub.read_changes(delivered, through).await?;
+            newest = newest.max(seen.current);
             if !hub.publish(delivered, through, events) {
                 // The writer handed these over meanwhile; go on from where H is now.
+                newest = i64::MAX;
                 break;
             }
             delivered = through;
+        }
+        // The last snapshot held nothing newer: no need to ask again. A later commit wakes the
+        // follower by itself (its notification, the writer's hand-over, or the next poll).
+        if newest == current {
+            return Ok(());
         }
     }
 }

@@ -25,12 +25,14 @@ use std::path::Path;
 
 use async_trait::async_trait;
 
-pub use server::{KeptConnection, ServerDialect, ServerSession, bound, pool_options};
-pub use statements::{Sql, Syntax, insert_chunks, number_placeholders, push_tuples, values_chunks};
+pub use server::{Begun, KeptConnection, ServerDialect, ServerSession, bound, pool_options};
+pub use statements::{
+    Sql, Syntax, changes_query, insert_chunks, number_placeholders, push_tuples, values_chunks,
+};
 
 use super::{
-    AuthRecords, AuthVersion, Backend, Copied, DbSize, LeaseRow, LogRow, RangeEnd, ReadTxn, Result,
-    Revisions, WriteTxn,
+    AuthRecords, AuthVersion, Backend, Copied, DbSize, LeaseRow, LogRow, Opening, RangeEnd,
+    ReadTxn, Result, Revisions, WriteTxn,
 };
 
 /// One value bound to a statement. Dialects bind the scalar ones the same way
@@ -171,6 +173,24 @@ pub fn decode_row(row: &impl Columns) -> Result<LogRow> {
     })
 }
 
+/// Reads [`Revisions`] from the rows of [`Sql::revisions`] (name, value).
+pub fn decode_revisions<'a, R: Columns + 'a>(
+    rows: impl IntoIterator<Item = &'a R>,
+) -> Result<Revisions> {
+    let mut revisions = Revisions {
+        current: 1,
+        ..Revisions::default()
+    };
+    for row in rows {
+        match row.text(0)?.as_str() {
+            "current_revision" => revisions.current = row.int(1)?,
+            "compact_revision" => revisions.compact = row.int(1)?,
+            _ => revisions.fence = row.int(1)?,
+        }
+    }
+    Ok(revisions)
+}
+
 /// One connection's worth of statements: a transaction, or single statements outside one.
 #[async_trait]
 pub trait Session: Send + 'static {
@@ -201,6 +221,18 @@ pub trait Connector: Send + Sync + 'static {
     async fn read_unpinned(&self) -> Result<Self::Session>;
     /// The exclusive write transaction (its lock already taken).
     async fn write(&self) -> Result<Self::Session>;
+    /// See [`Backend::read_changes`]; `None`: the core reads them, statement by statement.
+    async fn read_changes(
+        &self,
+        _after: i64,
+        _through: i64,
+    ) -> Result<Option<(Revisions, Vec<LogRow>)>> {
+        Ok(None)
+    }
+    /// See [`Backend::write_from`].
+    async fn write_from(&self, _after: i64) -> Result<(Self::Session, Option<Opening>)> {
+        Ok((self.write().await?, None))
+    }
     /// A session like `read_unpinned`'s for [`Backend::revisions`], which the revision probe
     /// calls one at a time and as often as reads come.
     async fn probe(&self) -> Result<Self::Session> {
@@ -284,6 +316,20 @@ impl<C: Connector> Backend for SqlBackend<C> {
 
     async fn write(&self) -> Result<Box<dyn WriteTxn>> {
         Ok(Box::new(SqlTxn(self.0.write().await?)))
+    }
+
+    async fn read_changes(&self, after: i64, through: i64) -> Result<(Revisions, Vec<LogRow>)> {
+        if let Some(read) = self.0.read_changes(after, through).await? {
+            return Ok(read);
+        }
+        let mut tx = SqlTxn(self.0.read().await?);
+        let revisions = tx.revisions().await?;
+        Ok((revisions, tx.changes(after, through).await?))
+    }
+
+    async fn write_from(&self, after: i64) -> Result<(Box<dyn WriteTxn>, Option<Opening>)> {
+        let (session, opening) = self.0.write_from(after).await?;
+        Ok((Box::new(SqlTxn(session)), opening))
     }
 
     async fn cluster_id(&self) -> Result<u64> {

@@ -54,8 +54,54 @@ pub fn pool_options<DB: Database>(
 /// the [`KeptConnection`].
 pub enum ServerSession<DB: Database> {
     Tx(Transaction<'static, DB>),
+    Begun(Begun<DB>),
     Single(PoolConnection<DB>),
     Kept(OwnedMappedMutexGuard<Slot<DB>, Kept<DB>>),
+}
+
+/// A transaction begun by hand on a pooled connection, so that its BEGIN travels with its first
+/// statements in one round trip: sqlx's own `begin` sends BEGIN alone and waits for the answer.
+/// Dropped before it commits (a failure, or a caller that gave up), its connection is closed
+/// rather than given back to the pool: the server rolls the transaction back, and no other
+/// session inherits it.
+pub struct Begun<DB: Database> {
+    conn: PoolConnection<DB>,
+    /// Whether the transaction may still be open on the connection.
+    open: bool,
+}
+
+impl<DB: Database> Begun<DB> {
+    /// `conn`, whose next statement is to begin the transaction.
+    pub fn new(conn: PoolConnection<DB>) -> Self {
+        Self { conn, open: true }
+    }
+
+    pub fn conn(&mut self) -> &mut DB::Connection {
+        &mut self.conn
+    }
+
+    /// The statements that began the transaction also ended it: the connection goes back to
+    /// the pool.
+    pub fn ended(mut self) {
+        self.open = false;
+    }
+
+    async fn commit(mut self) -> Result<()>
+    where
+        for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+    {
+        sqlx::raw_sql("COMMIT").execute(&mut *self.conn).await?;
+        self.open = false;
+        Ok(())
+    }
+}
+
+impl<DB: Database> Drop for Begun<DB> {
+    fn drop(&mut self) {
+        if self.open {
+            self.conn.close_on_drop();
+        }
+    }
 }
 
 impl<DB: Database> ServerSession<DB> {
@@ -63,6 +109,7 @@ impl<DB: Database> ServerSession<DB> {
     fn conn(&mut self) -> &mut DB::Connection {
         match self {
             ServerSession::Tx(tx) => tx,
+            ServerSession::Begun(begun) => begun.conn(),
             ServerSession::Single(conn) => conn,
             ServerSession::Kept(kept) => {
                 kept.unsettled = true;
@@ -220,9 +267,10 @@ where
     }
 
     async fn commit(self) -> Result<()> {
-        if let ServerSession::Tx(tx) = self {
-            tx.commit().await?;
+        match self {
+            ServerSession::Tx(tx) => Ok(tx.commit().await?),
+            ServerSession::Begun(begun) => begun.commit().await,
+            ServerSession::Single(_) | ServerSession::Kept(_) => Ok(()),
         }
-        Ok(())
     }
 }

@@ -110,6 +110,20 @@ macro_rules! log_columns {
     };
 }
 
+/// [`Sql::changes`], with the bounds of `(after, through]` spelled as given: placeholders, or
+/// numbers where a statement can take no parameters.
+pub fn changes_query(after: &str, through: &str) -> String {
+    format!(
+        "SELECT k.revision, k.sub, k.name, k.created, k.deleted, k.create_revision, \
+         k.prev_revision, k.version, k.lease, k.value, \
+         CASE WHEN NOT k.created THEN COALESCE((SELECT p.value FROM kv_log AS p \
+         WHERE p.revision = k.prev_revision AND p.name = k.name), k.old_value) END, \
+         k.old_lease \
+         FROM kv_log AS k WHERE k.revision > {after} AND k.revision <= {through} \
+         ORDER BY k.revision, k.sub"
+    )
+}
+
 impl Sql {
     /// The shared statements in `syntax`; the dialect-shaped builders come from the dialect.
     pub fn common(
@@ -165,15 +179,7 @@ impl Sql {
             // lookup by key per row whatever the planner thinks of the range: before the log
             // was analyzed, PostgreSQL planned the join as a parallel hash join over the whole
             // log (half a second for a range of twenty revisions).
-            changes: s(
-                "SELECT k.revision, k.sub, k.name, k.created, k.deleted, k.create_revision, \
-                 k.prev_revision, k.version, k.lease, k.value, \
-                 CASE WHEN NOT k.created THEN COALESCE((SELECT p.value FROM kv_log AS p \
-                 WHERE p.revision = k.prev_revision AND p.name = k.name), k.old_value) END, \
-                 k.old_lease \
-                 FROM kv_log AS k WHERE k.revision > ? AND k.revision <= ? \
-                 ORDER BY k.revision, k.sub",
-            ),
+            changes: syntax.spell_owned(changes_query("?", "?")),
             change_keys: syntax.spell_owned(format!(
                 "SELECT {key_columns} FROM kv_log \
                  WHERE revision > ? AND revision <= ? ORDER BY revision, sub"

@@ -2,7 +2,7 @@
 
 use async_trait::async_trait;
 
-use super::{Columns, Session, SqlTxn, Stmt, decode_row, lease_rows};
+use super::{Columns, Session, SqlTxn, Stmt, decode_revisions, decode_row, lease_rows};
 use crate::backend::{LeaseRow, LogRow, RangeEnd, ReadTxn, Result, Revisions, Scan, WriteTxn};
 
 impl<S: Session> SqlTxn<S> {
@@ -28,18 +28,7 @@ impl<S: Session> SqlTxn<S> {
 impl<S: Session> ReadTxn for SqlTxn<S> {
     async fn revisions(&mut self) -> Result<Revisions> {
         let rows = self.0.fetch(Stmt::new(&*self.0.sql().revisions)).await?;
-        let mut revisions = Revisions {
-            current: 1,
-            ..Revisions::default()
-        };
-        for row in rows {
-            match row.text(0)?.as_str() {
-                "current_revision" => revisions.current = row.int(1)?,
-                "compact_revision" => revisions.compact = row.int(1)?,
-                _ => revisions.fence = row.int(1)?,
-            }
-        }
-        Ok(revisions)
+        decode_revisions(&rows)
     }
 
     async fn scan(&mut self, scan: &Scan<'_>) -> Result<Vec<LogRow>> {

@@ -5,7 +5,7 @@ use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::sync::LazyLock;
 
-use crate::backend::core::{Arg, Sql, Stmt, Syntax};
+use crate::backend::core::{Arg, Sql, Stmt, Syntax, changes_query};
 use crate::backend::{LogRow, RangeEnd, Scan};
 
 /// The NOTIFY channel that carries committed revisions (a macro so the statement below can
@@ -261,6 +261,26 @@ fn rows_stmt<'a>(sql: &'static str, rows: &'a [LogRow]) -> Stmt<'a> {
         .arg(Arg::Ints(
             replacing.iter().map(|r| r.prev_revision).collect(),
         ))
+}
+
+/// The most revisions of changes a write transaction's [`opening`] reads: enough for what
+/// other instances commit between two of this one's batches, and a bound on the answer when the
+/// writer has been idle (the batch reads the rest metadata only).
+pub const OPENING_CHANGES: i64 = 1024;
+
+/// A write transaction's first round trip, as one simple query (which takes no parameters, so
+/// `lock` and `after` are spelled out): BEGIN and the writers' lock; then, seeing every commit of
+/// the writers before, the revisions and the changes of up to [`OPENING_CHANGES`] revisions
+/// after `after`, as [`Sql::changes`] reads them (values and old values included).
+pub fn opening(lock: i64, after: i64) -> String {
+    format!(
+        "BEGIN; SELECT pg_advisory_xact_lock({lock}); {revisions}; {changes}",
+        revisions = SQL.revisions,
+        changes = changes_query(
+            &after.to_string(),
+            &after.saturating_add(OPENING_CHANGES).to_string()
+        ),
+    )
 }
 
 fn values_at<'a>(rows: &[(&'a [u8], i64)]) -> Vec<Stmt<'a>> {
