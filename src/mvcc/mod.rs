@@ -32,9 +32,10 @@
 //! values a batch's Puts need are fetched in one query. A typical batch is therefore a fixed
 //! handful of statements (begin, revisions, old values, insert, current revision, commit)
 //! rather than several per request; where the backend can, the begin, the revisions and the
-//! changes other processes committed come in one round trip, values included
-//! ([`Backend::write_from`]), so the old values they replaced need no query. The invariants
-//! above still hold:
+//! changes other processes committed come in one round trip, values and old values included
+//! ([`Backend::write_from`]): the batch needs no query for the old values those changes left,
+//! and the watch hub is handed them ahead of the batch's own rows. The invariants above still
+//! hold:
 //! - A failed request changes nothing: every error it can meet (a missing key for `ignore_*`, an
 //!   unknown lease, a compacted Range) is found before it writes to the database, and its rows
 //!   and index changes are dropped. Only a txn that reads with a Range after writing must put
@@ -100,9 +101,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::backend::{
-    self, Backend, DbSize, LeaseRow, LogRow, Opening, ReadTxn, Revisions, Scan,
-};
+use crate::backend::{self, Backend, DbSize, LeaseRow, LogRow, Opening, ReadTxn, Revisions, Scan};
 pub use applied::Applied;
 use compare::{fetch_limit, finish_range};
 use index::KeyIndex;
