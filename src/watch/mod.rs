@@ -1,6 +1,9 @@
 //! The watch hub: fans each new revision out, in order, to the watch streams whose watchers
 //! cover its keys. This process's writer hands it each committed batch's rows directly, before
-//! the batch's replies go out, so a watcher usually hears of a change no later than its writer.
+//! the batch's replies go out, so a watcher usually hears of a change no later than its writer;
+//! ahead of them, the other processes' commits the batch's transaction read as it began, where
+//! the backend reads them then (PostgreSQL). Whatever part of a hand-over H has already passed
+//! is dropped.
 //! One tailer per process reads the revision log for everything else: other processes' commits
 //! (woken by PostgreSQL's LISTEN/NOTIFY where the backend can push them, and every poll interval
 //! regardless) and any batch the hub could not take directly because it was not yet caught up.
