@@ -85,7 +85,7 @@ pub struct Revisions {
 }
 
 /// What a write transaction read in the round trip that began it ([`Backend::write_from`]).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Opening {
     /// The revisions, read under the writers' lock.
     pub revisions: Revisions,

@@ -681,21 +681,23 @@ async fn tail_once(hub: &Hub, store: &Store) -> mvcc::Result<()> {
         if current <= delivered {
             return Ok(());
         }
-        let mut newest = current;
+        // Whether to ask the database again: a snapshot held something newer, or the writer
+        // handed over part of the range meanwhile.
+        let mut again = false;
         while delivered < current {
             let through = (delivered + READ_CHUNK).min(current);
             let (seen, events) = hub.read_changes(delivered, through).await?;
-            newest = newest.max(seen.current);
+            again |= seen.current > current;
             if !hub.publish(delivered, through, events) {
-                // The writer handed these over meanwhile; go on from where H is now.
-                newest = i64::MAX;
+                // Go on from where H is now.
+                again = true;
                 break;
             }
             delivered = through;
         }
-        // The last snapshot held nothing newer: no need to ask again. A later commit wakes the
-        // follower by itself (its notification, the writer's hand-over, or the next poll).
-        if newest == current {
+        // Otherwise a later commit wakes the follower by itself (its notification, the writer's
+        // hand-over, or the next poll).
+        if !again {
             return Ok(());
         }
     }

@@ -221,13 +221,11 @@ pub trait Connector: Send + Sync + 'static {
     async fn read_unpinned(&self) -> Result<Self::Session>;
     /// The exclusive write transaction (its lock already taken).
     async fn write(&self) -> Result<Self::Session>;
-    /// See [`Backend::read_changes`]; `None`: the core reads them, statement by statement.
-    async fn read_changes(
-        &self,
-        _after: i64,
-        _through: i64,
-    ) -> Result<Option<(Revisions, Vec<LogRow>)>> {
-        Ok(None)
+    /// See [`Backend::read_changes`]; by default a snapshot's statements one by one.
+    async fn read_changes(&self, after: i64, through: i64) -> Result<(Revisions, Vec<LogRow>)> {
+        let mut tx = SqlTxn(self.read().await?);
+        let revisions = tx.revisions().await?;
+        Ok((revisions, tx.changes(after, through).await?))
     }
     /// See [`Backend::write_from`].
     async fn write_from(&self, _after: i64) -> Result<(Self::Session, Option<Opening>)> {
@@ -319,12 +317,7 @@ impl<C: Connector> Backend for SqlBackend<C> {
     }
 
     async fn read_changes(&self, after: i64, through: i64) -> Result<(Revisions, Vec<LogRow>)> {
-        if let Some(read) = self.0.read_changes(after, through).await? {
-            return Ok(read);
-        }
-        let mut tx = SqlTxn(self.0.read().await?);
-        let revisions = tx.revisions().await?;
-        Ok((revisions, tx.changes(after, through).await?))
+        self.0.read_changes(after, through).await
     }
 
     async fn write_from(&self, after: i64) -> Result<(Box<dyn WriteTxn>, Option<Opening>)> {

@@ -403,6 +403,29 @@ impl Postgres {
     async fn write_tx(&self) -> Result<Transaction<'static, sqlx::Postgres>> {
         Ok(self.pool().begin_with(BEGIN_LOCKED).await?)
     }
+
+    /// Runs `query`, a simple query that begins a transaction and reads the revisions and the
+    /// log's changes ([`Sql::revisions`], [`Sql::changes`]), on a pooled connection.
+    async fn begin_with_reads(
+        &self,
+        query: String,
+    ) -> Result<(Begun<sqlx::Postgres>, Revisions, Vec<LogRow>)> {
+        let mut begun = Begun::new(self.pool().acquire().await?);
+        let rows = sqlx::raw_sql(AssertSqlSafe(query))
+            .fetch_all(begun.conn())
+            .await?;
+        // The statements' rows tell apart by shape: the revisions' name and value, the
+        // changes' log columns, and any other statement's (the writers' lock) one column.
+        let (mut revisions, mut changes) = (Vec::new(), Vec::new());
+        for row in &rows {
+            match row.len() {
+                2 => revisions.push(row),
+                1 => {}
+                _ => changes.push(decode_row(row)?),
+            }
+        }
+        Ok((begun, decode_revisions(revisions)?, changes))
+    }
 }
 
 #[async_trait]
@@ -425,46 +448,23 @@ impl Connector for Postgres {
     /// One round trip where the snapshot's begin, the revisions, the changes and the end would
     /// take four: the watch hub's read of what other instances committed, after each of their
     /// commits.
-    async fn read_changes(
-        &self,
-        after: i64,
-        through: i64,
-    ) -> Result<Option<(Revisions, Vec<LogRow>)>> {
-        let mut begun = Begun::new(self.pool().acquire().await?);
+    async fn read_changes(&self, after: i64, through: i64) -> Result<(Revisions, Vec<LogRow>)> {
         let query = format!(
             "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; {}; {}; COMMIT",
             sql::SQL.revisions,
             changes_query(&after.to_string(), &through.to_string())
         );
-        let rows = sqlx::raw_sql(AssertSqlSafe(query))
-            .fetch_all(begun.conn())
-            .await?;
+        let (begun, revisions, changes) = self.begin_with_reads(query).await?;
         begun.ended();
-        // The revisions' rows are name and value; the changes' are the log's columns.
-        let (revisions, changes): (Vec<_>, Vec<_>) = rows.iter().partition(|row| row.len() == 2);
-        let changes = changes.into_iter().map(decode_row).collect::<Result<_>>()?;
-        Ok(Some((decode_revisions(revisions)?, changes)))
+        Ok((revisions, changes))
     }
 
     /// One round trip where a begin, the revisions and the changes since `after` would take
     /// three, all of them under the writers' lock: the lock is held for the round trip that
     /// takes it and the ones that write, no more.
     async fn write_from(&self, after: i64) -> Result<(PgSession, Option<Opening>)> {
-        let mut begun = Begun::new(self.pool().acquire().await?);
-        let rows = sqlx::raw_sql(AssertSqlSafe(sql::opening(WRITER_LOCK, after)))
-            .fetch_all(begun.conn())
-            .await?;
-        // The statements' rows tell apart by shape: the lock's one column, the revisions'
-        // name and value, and the changes' log columns.
-        let (mut revisions, mut changes) = (Vec::new(), Vec::new());
-        for row in &rows {
-            match row.len() {
-                2 => revisions.push(row),
-                1 => {}
-                _ => changes.push(decode_row(row)?),
-            }
-        }
-        let revisions = decode_revisions(revisions)?;
+        let query = sql::opening(WRITER_LOCK, after);
+        let (begun, revisions, changes) = self.begin_with_reads(query).await?;
         let opening = Opening {
             revisions,
             changes,
