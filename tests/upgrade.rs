@@ -1,6 +1,7 @@
 //! A SQLite database written by an earlier schema keeps working after the server migrates it:
 //! rows written before migration 0004 carry their old value and were indexed by name, rows
 //! written after carry neither. Reads at old revisions and watches with prev_kv see both kinds.
+//! A database keeps the page size it was created with (4 KiB before), while new ones get 1 KiB.
 
 mod common;
 
@@ -110,5 +111,68 @@ async fn a_database_from_before_migration_0004_reads_and_watches_as_written() {
     .map(owned)
     .collect();
     assert_eq!(events(&mut stream, want.len()).await, want);
+    server.stop().await;
+    assert_eq!(
+        page_size(&url).await,
+        4096,
+        "the old database keeps its pages"
+    );
+}
+
+async fn page_size(url: &str) -> i64 {
+    let pool = sqlx::SqlitePool::connect(url).await.unwrap();
+    let size = sqlx::query_scalar("PRAGMA page_size")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    pool.close().await;
+    size
+}
+
+#[tokio::test]
+async fn a_new_database_has_small_pages_and_keeps_values_larger_than_one() {
+    if shared_database() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    // Values from empty to many pages long, each byte pattern distinct, so that a value read
+    // from the wrong overflow page shows.
+    let values: Vec<Vec<u8>> = [0usize, 1, 900, 1024, 1500, 4096, 10_000, 200_000]
+        .iter()
+        .enumerate()
+        .map(|(i, &len)| (0..len).map(|j| (j * 31 + i * 7) as u8).collect())
+        .collect();
+    let server = TestServer::start(dir.path()).await;
+    let mut c = server.client().await;
+    for (i, value) in values.iter().enumerate() {
+        c.put(format!("/p/{i}"), value.clone(), None).await.unwrap();
+    }
+    // Overwritten, so the first versions are rows some later row replaced.
+    for (i, value) in values.iter().enumerate() {
+        let mut longer = value.clone();
+        longer.push(i as u8);
+        c.put(format!("/p/{i}"), longer, None).await.unwrap();
+    }
+    server.stop().await;
+    let url = format!("sqlite://{}", dir.path().join("state.db").display());
+    assert_eq!(page_size(&url).await, 1024);
+
+    // After a restart every version comes from the file, the first ones at their revision.
+    let server = TestServer::start(dir.path()).await;
+    let mut c = server.client().await;
+    let first = c.get("/p/0", None).await.unwrap().kvs()[0].create_revision();
+    for (i, value) in values.iter().enumerate() {
+        let now = c.get(format!("/p/{i}"), None).await.unwrap();
+        let mut longer = value.clone();
+        longer.push(i as u8);
+        assert_eq!(now.kvs()[0].value(), longer.as_slice(), "/p/{i} now");
+        let then = GetOptions::new().with_revision(first + i as i64);
+        let old = c.get(format!("/p/{i}"), Some(then)).await.unwrap();
+        assert_eq!(
+            old.kvs()[0].value(),
+            value.as_slice(),
+            "/p/{i} as first written"
+        );
+    }
     server.stop().await;
 }

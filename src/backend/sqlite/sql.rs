@@ -23,9 +23,11 @@ pub static SQL: LazyLock<Sql> = LazyLock::new(|| Sql {
         crate::log_columns!(),
         " FROM kv_log INDEXED BY kv_log_head WHERE name = ? AND superseded_by IS NULL"
     )),
+    // No old lease (a watch's concern, not the index's): it is stored after the value, so for
+    // a row whose value spills onto an overflow page, reading it would read that page too.
     heads: Cow::Borrowed(
         "SELECT revision, sub, name, created, deleted, create_revision, prev_revision, \
-         version, lease, x'', NULL, old_lease FROM kv_log INDEXED BY kv_log_head \
+         version, lease, x'', NULL, 0 FROM kv_log INDEXED BY kv_log_head \
          WHERE superseded_by IS NULL",
     ),
     ..Sql::common(&SYNTAX, scan, count, insert_rows, values_at)
@@ -85,15 +87,15 @@ macro_rules! single_key {
 }
 
 /// What a scan returns of a row: the log's columns with `$value` for the value (`k.value`, or
-/// an empty blob for keys-only scans) and no old value, so large blobs stay on disk when
-/// unneeded.
+/// an empty blob for keys-only scans), and neither old value nor old lease (a read answers with
+/// neither), so large blobs and the overflow pages they spill onto stay on disk when unneeded.
 macro_rules! scan_columns {
     ($value:literal) => {
         concat!(
             "k.revision, k.sub, k.name, k.created, k.deleted, k.create_revision, \
              k.prev_revision, k.version, k.lease, ",
             $value,
-            " AS value, NULL, k.old_lease"
+            " AS value, NULL, 0"
         )
     };
 }
