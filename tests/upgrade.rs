@@ -142,16 +142,19 @@ async fn a_new_database_has_small_pages_and_keeps_values_larger_than_one() {
         .enumerate()
         .map(|(i, &len)| (0..len).map(|j| (j * 31 + i * 7) as u8).collect())
         .collect();
+    // Each value overwritten by a longer one, so the first versions are rows a later row
+    // replaced.
+    let later: Vec<Vec<u8>> = values
+        .iter()
+        .enumerate()
+        .map(|(i, value)| [value.as_slice(), &[i as u8]].concat())
+        .collect();
     let server = TestServer::start(dir.path()).await;
     let mut c = server.client().await;
-    for (i, value) in values.iter().enumerate() {
-        c.put(format!("/p/{i}"), value.clone(), None).await.unwrap();
-    }
-    // Overwritten, so the first versions are rows some later row replaced.
-    for (i, value) in values.iter().enumerate() {
-        let mut longer = value.clone();
-        longer.push(i as u8);
-        c.put(format!("/p/{i}"), longer, None).await.unwrap();
+    for versions in [&values, &later] {
+        for (i, value) in versions.iter().enumerate() {
+            c.put(format!("/p/{i}"), value.clone(), None).await.unwrap();
+        }
     }
     server.stop().await;
     let url = format!("sqlite://{}", dir.path().join("state.db").display());
@@ -163,9 +166,7 @@ async fn a_new_database_has_small_pages_and_keeps_values_larger_than_one() {
     let first = c.get("/p/0", None).await.unwrap().kvs()[0].create_revision();
     for (i, value) in values.iter().enumerate() {
         let now = c.get(format!("/p/{i}"), None).await.unwrap();
-        let mut longer = value.clone();
-        longer.push(i as u8);
-        assert_eq!(now.kvs()[0].value(), longer.as_slice(), "/p/{i} now");
+        assert_eq!(now.kvs()[0].value(), later[i].as_slice(), "/p/{i} now");
         let then = GetOptions::new().with_revision(first + i as i64);
         let old = c.get(format!("/p/{i}"), Some(then)).await.unwrap();
         assert_eq!(
