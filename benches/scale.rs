@@ -23,7 +23,8 @@
 //!
 //! The fixture is written with bulk SQL rather than through the API (5,000,000 writes through
 //! the API would take most of an hour); it follows the log's rules exactly: each key's versions
-//! chain through `prev_revision` and `superseded_by`, and the current revision is the last row's.
+//! chain through `prev_revision` and what records their replacement (`superseded_by`, or
+//! SQLite's `kv_head` and `kv_replaced`), and the current revision is the last row's.
 //! PostgreSQL gets `VACUUM ANALYZE` after the load, as autovacuum would give a long-lived table.
 
 use std::path::PathBuf;
@@ -196,22 +197,36 @@ impl Fixture {
                 sqlx::query(
                     "WITH RECURSIVE k(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM k WHERE i + 1 < ?1) \
                      INSERT INTO kv_log (revision, sub, name, created, deleted, create_revision, \
-                         prev_revision, version, lease, value, old_value, old_lease, superseded_by) \
+                         prev_revision, version, lease, value, old_value, old_lease) \
                      SELECT 2 + ?2 * ?1 + i, 0, \
                          CAST(printf('/registry/configmaps/ns-%04d/cm-%06d', i / 1000, i % 1000) AS BLOB), \
                          ?2 = 0, 0, 2 + i, \
                          CASE WHEN ?2 = 0 THEN 0 ELSE 2 + (?2 - 1) * ?1 + i END, \
-                         ?2 + 1, 0, randomblob(?3), NULL, 0, \
-                         CASE WHEN ?2 + 1 < ?4 THEN 2 + (?2 + 1) * ?1 + i END \
+                         ?2 + 1, 0, randomblob(?3), NULL, 0 \
                      FROM k",
                 )
                 .bind(self.keys)
                 .bind(round)
                 .bind(self.value_bytes)
-                .bind(self.versions)
                 .execute(&pool)
                 .await?;
             }
+            // SQLite keeps which row replaced which in tables of its own: each row but the
+            // first version is replaced by the next round's, and the last round's are newest.
+            sqlx::query(
+                "INSERT INTO kv_replaced (superseded_by, name, revision, deleted) \
+                 SELECT revision, name, prev_revision, 0 FROM kv_log WHERE prev_revision > 0",
+            )
+            .execute(&pool)
+            .await?;
+            sqlx::query(
+                "INSERT INTO kv_head (name, revision, deleted) \
+                 SELECT name, revision, 0 FROM kv_log WHERE revision > ?1 - ?2",
+            )
+            .bind(current)
+            .bind(self.keys)
+            .execute(&pool)
+            .await?;
             sqlx::query("UPDATE meta SET value = ?1 WHERE name = 'current_revision'")
                 .bind(current)
                 .execute(&pool)

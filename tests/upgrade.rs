@@ -1,14 +1,16 @@
 //! A SQLite database written by an earlier schema keeps working after the server migrates it:
 //! rows written before migration 0004 carry their old value and were indexed by name, rows
 //! written after carry neither. Reads at old revisions and watches with prev_kv see both kinds.
+//! Migration 0007 moves which row replaced which out of the rows into tables of their own;
+//! compaction and `etcdsql check` then work on what it moved.
 //! A database keeps the page size it was created with (4 KiB before), while new ones get 1 KiB.
 
 mod common;
 
 use std::time::Duration;
 
-use common::{TestServer, shared_database};
-use etcd_client::{EventType, GetOptions, WatchOptions, WatchStream};
+use common::{TestServer, etcdsql_tool, shared_database};
+use etcd_client::{CompactionOptions, EventType, GetOptions, WatchOptions, WatchStream};
 
 /// (type, key, value, prev value) of every event until `want` have arrived.
 async fn events(stream: &mut WatchStream, want: usize) -> Vec<(EventType, String, String, String)> {
@@ -31,15 +33,35 @@ async fn events(stream: &mut WatchStream, want: usize) -> Vec<(EventType, String
 
 #[tokio::test]
 async fn a_database_from_before_migration_0004_reads_and_watches_as_written() {
+    // Rows then carried their old value and were indexed by name.
+    reads_and_watches_as_written(&["0001_log.sql", "0002_leases.sql", "0003_superseded.sql"]).await;
+}
+
+#[tokio::test]
+async fn a_database_from_before_migration_0007_reads_and_watches_as_written() {
+    // The previous release: every row recorded its replacement in place (`superseded_by`).
+    reads_and_watches_as_written(&[
+        "0001_log.sql",
+        "0002_leases.sql",
+        "0003_superseded.sql",
+        "0004_heads.sql",
+        "0005_auth.sql",
+        "0006_fence.sql",
+    ])
+    .await;
+}
+
+/// A database as the server left it after `migrations`, applied by sqlx so that the server
+/// recognises them, with rows as that server wrote them, reads and watches as written once the
+/// server has migrated it, compacts, and passes `etcdsql check`.
+async fn reads_and_watches_as_written(migrations: &[&str]) {
     if shared_database() {
         return; // The other backends' schemas did not change this way.
     }
     let dir = tempfile::tempdir().unwrap();
-    // The database as the server left it before migration 0004: the first three migrations,
-    // applied by sqlx so that the server recognises them, and rows as that server wrote them.
     let old = dir.path().join("migrations");
     std::fs::create_dir(&old).unwrap();
-    for name in ["0001_log.sql", "0002_leases.sql", "0003_superseded.sql"] {
+    for name in migrations {
         let from = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations/sqlite");
         std::fs::copy(from.join(name), old.join(name)).unwrap();
     }
@@ -111,7 +133,47 @@ async fn a_database_from_before_migration_0004_reads_and_watches_as_written() {
     .map(owned)
     .collect();
     assert_eq!(events(&mut stream, want.len()).await, want);
+    // A range at each old revision, through the SQL path (nothing of it is in memory).
+    for (revision, want) in [
+        (2, vec!["a1"]),
+        (4, vec![]),
+        (5, vec!["b1"]),
+        (6, vec!["b2"]),
+    ] {
+        let got = c
+            .get("/u/", Some(value_at(revision).with_prefix()))
+            .await
+            .unwrap();
+        let values: Vec<&str> = got.kvs().iter().map(|kv| kv.value_str().unwrap()).collect();
+        assert_eq!(values, want, "/u/ at revision {revision}");
+    }
+    // Compaction removes the migrated rows it should, and the store stays consistent.
+    let current = c
+        .put("/u/c", "c1", None)
+        .await
+        .unwrap()
+        .header()
+        .unwrap()
+        .revision();
+    c.compact(current, Some(CompactionOptions::new().with_physical()))
+        .await
+        .unwrap();
+    let got = c
+        .get("/u/", Some(GetOptions::new().with_prefix()))
+        .await
+        .unwrap();
+    let values: Vec<&str> = got.kvs().iter().map(|kv| kv.value_str().unwrap()).collect();
+    assert_eq!(values, ["a3", "b2", "c1"]);
     server.stop().await;
+    let (status, text) = etcdsql_tool(&["check", &url]);
+    assert_eq!(status, 0, "{text}");
+    let pool = sqlx::SqlitePool::connect(&url).await.unwrap();
+    let rows: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM kv_log")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    pool.close().await;
+    assert_eq!(rows, 3, "only each key's newest row is left");
     assert_eq!(
         page_size(&url).await,
         4096,

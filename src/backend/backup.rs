@@ -61,11 +61,33 @@ struct NamedRecord {
     record: Vec<u8>,
 }
 
+/// The log as PostgreSQL and MySQL keep it, replacements in the rows.
 const SELECT_LOG: &str = "SELECT revision, sub, name, created, deleted, create_revision, \
      prev_revision, version, lease, value, old_value, old_lease, superseded_by FROM kv_log \
      WHERE (revision, sub) > (?, ?) ORDER BY revision, sub LIMIT ?";
+/// The log as SQLite keeps it, each row with the revision that replaced it from
+/// `temp.successor` ([`INDEX_SUCCESSORS`]).
+const SELECT_LOG_SQLITE: &str = "SELECT k.revision, k.sub, k.name, k.created, k.deleted, \
+     k.create_revision, k.prev_revision, k.version, k.lease, k.value, k.old_value, k.old_lease, \
+     s.superseded_by FROM kv_log AS k \
+     LEFT JOIN temp.successor AS s ON s.revision = k.revision AND s.name = k.name \
+     WHERE (k.revision, k.sub) > (?, ?) ORDER BY k.revision, k.sub LIMIT ?";
+/// SQLite's `kv_replaced` is keyed by the replacing revision; a copy in the log's order lets
+/// each chunk of the log find its rows' successors by key. A temporary table: the source file
+/// is left as it is.
+const INDEX_SUCCESSORS: [&str; 2] = [
+    "CREATE TEMP TABLE successor (revision INTEGER NOT NULL, name BLOB NOT NULL, \
+     superseded_by INTEGER NOT NULL, PRIMARY KEY (revision, name)) WITHOUT ROWID",
+    "INSERT INTO temp.successor (revision, name, superseded_by) \
+     SELECT revision, name, superseded_by FROM kv_replaced",
+];
 const INSERT_LOG: &str = "INSERT INTO kv_log (revision, sub, name, created, deleted, \
      create_revision, prev_revision, version, lease, value, old_value, old_lease, superseded_by) ";
+const INSERT_LOG_SQLITE: &str = "INSERT INTO kv_log (revision, sub, name, created, deleted, \
+     create_revision, prev_revision, version, lease, value, old_value, old_lease) ";
+const INSERT_HEADS_SQLITE: &str = "INSERT INTO kv_head (name, revision, deleted) ";
+const INSERT_REPLACED_SQLITE: &str =
+    "INSERT INTO kv_replaced (superseded_by, name, revision, deleted) ";
 const SELECT_LEASES: &str = "SELECT id, ttl, expires_at FROM leases ORDER BY id";
 const INSERT_LEASES: &str = "INSERT INTO leases (id, ttl, expires_at) ";
 /// Alarms describe the old store's disk, not the data: they stay behind.
@@ -125,14 +147,19 @@ fn anonymous(sql: &'static str) -> AssertSqlSafe<Cow<'static, str>> {
 }
 
 /// One typed copy loop per direction: `$from_sql` and `$to_sql` spell the statements for the
-/// source and the target, `$upsert` is the target's upsert of a meta row.
+/// source and the target, `$select_log` reads the source's log, `$to_sqlite` says whether the
+/// target keeps SQLite's bookkeeping tables (which `$bookkeeping` writes), and `$upsert` is the target's upsert of a meta row.
 macro_rules! copy_all {
-    ($from:expr, $from_sql:expr, $to:expr, $to_db:ty, $to_sql:expr, $upsert:expr, $copied:expr) => {{
+    (
+        $from:expr, $from_sql:expr, $select_log:expr,
+        $to:expr, $to_db:ty, $to_sql:expr, $to_sqlite:expr, $bookkeeping:path,
+        $upsert:expr, $copied:expr
+    ) => {{
         let (from, to) = ($from, $to);
         let mut after = (0_i64, -1_i64);
         let mut copied_rows = 0_u64;
         loop {
-            let rows: Vec<LogRecord> = sqlx::query_as($from_sql(SELECT_LOG))
+            let rows: Vec<LogRecord> = sqlx::query_as($from_sql($select_log))
                 .bind(after.0)
                 .bind(after.1)
                 .bind(READ_CHUNK)
@@ -141,7 +168,11 @@ macro_rules! copy_all {
             let Some(last) = rows.last() else { break };
             after = (last.revision, last.sub);
             for chunk in rows.chunks(CHUNK) {
-                let mut insert = QueryBuilder::<$to_db>::new(INSERT_LOG);
+                let mut insert = QueryBuilder::<$to_db>::new(if $to_sqlite {
+                    INSERT_LOG_SQLITE
+                } else {
+                    INSERT_LOG
+                });
                 insert.push_values(chunk, |mut row, r| {
                     row.push_bind(r.revision)
                         .push_bind(r.sub)
@@ -154,10 +185,13 @@ macro_rules! copy_all {
                         .push_bind(r.lease)
                         .push_bind(&r.value)
                         .push_bind(&r.old_value)
-                        .push_bind(r.old_lease)
-                        .push_bind(r.superseded_by);
+                        .push_bind(r.old_lease);
+                    if !$to_sqlite {
+                        row.push_bind(r.superseded_by);
+                    }
                 });
                 insert.build().execute(&mut *to).await?;
+                $bookkeeping(chunk, &mut *to).await?;
             }
             copied_rows += rows.len() as u64;
             $copied(copied_rows);
@@ -191,6 +225,38 @@ macro_rules! copy_all {
     }};
 }
 
+/// Writes SQLite's bookkeeping for `chunk`, rows of a log that says in each row what replaced
+/// it: the rows nothing replaced go to `kv_head`, the others to `kv_replaced`.
+async fn sqlite_bookkeeping(chunk: &[LogRecord], to: &mut SqliteConnection) -> Result<()> {
+    let (heads, replaced): (Vec<&LogRecord>, Vec<&LogRecord>) =
+        chunk.iter().partition(|r| r.superseded_by.is_none());
+    if !heads.is_empty() {
+        let mut insert = QueryBuilder::<Sqlite>::new(INSERT_HEADS_SQLITE);
+        insert.push_values(heads, |mut row, r| {
+            row.push_bind(&r.name)
+                .push_bind(r.revision)
+                .push_bind(r.deleted);
+        });
+        insert.build().execute(&mut *to).await?;
+    }
+    if !replaced.is_empty() {
+        let mut insert = QueryBuilder::<Sqlite>::new(INSERT_REPLACED_SQLITE);
+        insert.push_values(replaced, |mut row, r| {
+            row.push_bind(r.superseded_by)
+                .push_bind(&r.name)
+                .push_bind(r.revision)
+                .push_bind(r.deleted);
+        });
+        insert.build().execute(&mut *to).await?;
+    }
+    Ok(())
+}
+
+/// For targets that keep the bookkeeping in the rows: nothing more to write.
+async fn in_row_bookkeeping<C>(_chunk: &[LogRecord], _to: C) -> Result<()> {
+    Ok(())
+}
+
 /// Copies the store read through `$snapshot` (statements spelled by `$spell`) into a new SQLite
 /// file at `$dest`.
 macro_rules! store_to_file {
@@ -201,9 +267,12 @@ macro_rules! store_to_file {
         copy_all!(
             $snapshot,
             $spell,
+            SELECT_LOG,
             &mut *file,
             Sqlite,
             anonymous,
+            true,
+            sqlite_bookkeeping,
             UPSERT_META,
             |_| {}
         );
@@ -217,16 +286,25 @@ macro_rules! store_to_file {
 /// Copies the backup at `$source` into the empty store on `$target` (a transaction of database
 /// `$db`, statements spelled by `$spell`, meta rows written by `$upsert`).
 macro_rules! file_to_store {
-    ($source:expr, $target:expr, $db:ty, $spell:expr, $upsert:expr, $copied:expr) => {{
+    (
+        $source:expr, $target:expr, $db:ty, $spell:expr, $to_sqlite:expr, $bookkeeping:path,
+        $upsert:expr, $copied:expr
+    ) => {{
         ensure_empty!($target);
         let pool = open_file($source).await?;
         let mut file = pool.acquire().await?;
+        for sql in INDEX_SUCCESSORS {
+            sqlx::query(sql).execute(&mut *file).await?;
+        }
         copy_all!(
             &mut *file,
             anonymous,
+            SELECT_LOG_SQLITE,
             &mut *$target,
             $db,
             $spell,
+            $to_sqlite,
+            $bookkeeping,
             $upsert,
             $copied
         );
@@ -255,7 +333,16 @@ pub(super) async fn file_to_postgres(
     target: &mut sqlx::PgConnection,
     copied: Copied<'_>,
 ) -> Result<()> {
-    file_to_store!(source, target, Postgres, numbered, UPSERT_META, copied)
+    file_to_store!(
+        source,
+        target,
+        Postgres,
+        numbered,
+        false,
+        in_row_bookkeeping,
+        UPSERT_META,
+        copied
+    )
 }
 
 /// Copies the backup at `source` into the SQLite store on `target` (a transaction), which must
@@ -265,7 +352,16 @@ pub(super) async fn file_to_sqlite(
     target: &mut SqliteConnection,
     copied: Copied<'_>,
 ) -> Result<()> {
-    file_to_store!(source, target, Sqlite, anonymous, UPSERT_META, copied)
+    file_to_store!(
+        source,
+        target,
+        Sqlite,
+        anonymous,
+        true,
+        sqlite_bookkeeping,
+        UPSERT_META,
+        copied
+    )
 }
 
 /// Copies the backup at `source` into the MySQL store `target` (a transaction), which must be
@@ -275,5 +371,14 @@ pub(super) async fn file_to_mysql(
     target: &mut sqlx::MySqlConnection,
     copied: Copied<'_>,
 ) -> Result<()> {
-    file_to_store!(source, target, MySql, anonymous, UPSERT_META_MYSQL, copied)
+    file_to_store!(
+        source,
+        target,
+        MySql,
+        anonymous,
+        false,
+        in_row_bookkeeping,
+        UPSERT_META_MYSQL,
+        copied
+    )
 }

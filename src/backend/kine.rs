@@ -8,7 +8,7 @@
 //! - versions (kine stores none): 1 when a row creates its key, one more per later put, and a
 //!   deletion keeps the version the key had. A key whose older rows kine compacted away counts
 //!   from its oldest row still there.
-//! - which row replaced which (`superseded_by`), each row's predecessor and its lease;
+//! - which row replaced which, each row's predecessor and its lease;
 //! - leases: kine's lease id is the lease's TTL in seconds, and kine keeps no grant time, so each
 //!   lease a live key names is restored with its full TTL from the moment of the import.
 //!

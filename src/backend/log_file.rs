@@ -4,9 +4,9 @@
 //! predecessor, the lease the key had before, and which later row replaced it.
 //!
 //! Invariants: rows arrive in revision order per key (a key's rows never go back in time);
-//! every row is written once with its final `superseded_by` when its successor arrives within
-//! the same chunk, and updated in place otherwise; the file is one SQLite transaction, so a
-//! failed import leaves no half-written file that `restore` would accept.
+//! every row is written once, and so is each replacement (`kv_replaced`) as its successor
+//! arrives; each key's newest row (`kv_head`) is written at the end; the file is one SQLite
+//! transaction, so a failed import leaves no half-written file that `restore` would accept.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -59,12 +59,19 @@ pub struct Head {
     pub deleted: bool,
 }
 
-/// A row waiting for its INSERT, with the row that replaced it if that came in meanwhile.
+/// A row waiting for its INSERT.
 struct Pending {
     change: Change,
     prev_revision: i64,
     old_lease: i64,
-    superseded_by: Option<i64>,
+}
+
+/// A replacement waiting for its INSERT: the key's row at `revision` replaced at `by`.
+struct Replaced {
+    by: i64,
+    key: Vec<u8>,
+    revision: i64,
+    deleted: bool,
 }
 
 /// The file being written; [`LogFile::finish`] commits it.
@@ -73,6 +80,7 @@ pub struct LogFile {
     conn: PoolConnection<Sqlite>,
     heads: HashMap<Vec<u8>, Head>,
     pending: Vec<Pending>,
+    replaced: Vec<Replaced>,
     rows: u64,
 }
 
@@ -90,6 +98,7 @@ impl LogFile {
             conn,
             heads: HashMap::new(),
             pending: Vec::with_capacity(CHUNK),
+            replaced: Vec::with_capacity(CHUNK),
             rows: 0,
         })
     }
@@ -121,12 +130,16 @@ impl LogFile {
             },
         );
         if let Some(before) = before {
-            self.replaced(&before, change.revision).await?;
+            self.replaced.push(Replaced {
+                by: change.revision,
+                key: change.key.clone(),
+                revision: before.revision,
+                deleted: before.deleted,
+            });
         }
         self.pending.push(Pending {
             prev_revision: before.map_or(0, |h| h.revision),
             old_lease: before.filter(|h| !h.deleted).map_or(0, |h| h.lease),
-            superseded_by: None,
             change,
         });
         self.rows += 1;
@@ -136,33 +149,13 @@ impl LogFile {
         Ok(())
     }
 
-    /// Records that the row `old` describes was replaced at revision `by`.
-    async fn replaced(&mut self, old: &Head, by: i64) -> Result<()> {
-        if let Some(row) = self
-            .pending
-            .iter_mut()
-            .rev()
-            .find(|p| p.change.revision == old.revision && p.change.sub == old.sub)
-        {
-            row.superseded_by = Some(by);
-            return Ok(());
-        }
-        sqlx::query("UPDATE kv_log SET superseded_by = ?1 WHERE revision = ?2 AND sub = ?3")
-            .bind(by)
-            .bind(old.revision)
-            .bind(old.sub)
-            .execute(&mut *self.conn)
-            .await?;
-        Ok(())
-    }
-
     async fn flush(&mut self) -> Result<()> {
         if self.pending.is_empty() {
             return Ok(());
         }
         let mut insert = QueryBuilder::<Sqlite>::new(
             "INSERT INTO kv_log (revision, sub, name, created, deleted, create_revision, \
-             prev_revision, version, lease, value, old_value, old_lease, superseded_by) ",
+             prev_revision, version, lease, value, old_value, old_lease) ",
         );
         insert.push_values(&self.pending, |mut out, row| {
             let c = &row.change;
@@ -177,11 +170,23 @@ impl LogFile {
                 .push_bind(c.lease)
                 .push_bind(c.value.as_slice())
                 .push_bind(None::<Vec<u8>>)
-                .push_bind(row.old_lease)
-                .push_bind(row.superseded_by);
+                .push_bind(row.old_lease);
         });
         insert.build().execute(&mut *self.conn).await?;
         self.pending.clear();
+        if !self.replaced.is_empty() {
+            let mut insert = QueryBuilder::<Sqlite>::new(
+                "INSERT INTO kv_replaced (superseded_by, name, revision, deleted) ",
+            );
+            insert.push_values(&self.replaced, |mut out, r| {
+                out.push_bind(r.by)
+                    .push_bind(r.key.as_slice())
+                    .push_bind(r.revision)
+                    .push_bind(r.deleted);
+            });
+            insert.build().execute(&mut *self.conn).await?;
+            self.replaced.clear();
+        }
         Ok(())
     }
 
@@ -199,6 +204,17 @@ impl LogFile {
     /// The file cannot be written.
     pub async fn finish(mut self, leases: &[LeaseRow], current: i64, compact: i64) -> Result<()> {
         self.flush().await?;
+        let heads: Vec<(&Vec<u8>, &Head)> = self.heads.iter().collect();
+        for chunk in heads.chunks(CHUNK) {
+            let mut insert =
+                QueryBuilder::<Sqlite>::new("INSERT INTO kv_head (name, revision, deleted) ");
+            insert.push_values(chunk, |mut out, (key, head)| {
+                out.push_bind(key.as_slice())
+                    .push_bind(head.revision)
+                    .push_bind(head.deleted);
+            });
+            insert.build().execute(&mut *self.conn).await?;
+        }
         for lease in leases {
             sqlx::query("INSERT INTO leases (id, ttl, expires_at) VALUES (?1, ?2, ?3)")
                 .bind(lease.id)

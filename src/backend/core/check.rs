@@ -5,16 +5,19 @@
 //! - the counters: every row at or below the current revision; the compact revision at or below
 //!   it; physical compaction no further than the compact revision;
 //! - one row per key and revision;
-//! - each key has exactly one newest row (`superseded_by` NULL), and it is the key's newest;
-//! - a row's `superseded_by` names a row of the same key whose `prev_revision` names it back;
+//! - each key has exactly one newest row (`superseded_by` NULL, or its `kv_head` entry), and it
+//!   is the key's newest;
+//! - what says a row was replaced names a row of the same key whose `prev_revision` names it
+//!   back; every other row is recorded as replaced;
 //! - a row that created its key has `create_revision` = its revision and version 1, and follows
 //!   nothing or a deletion; a later put has its predecessor's version plus one;
 //! - a live key's lease exists.
 //!
-//! The statements are the same in every dialect: they use no placeholders and only SQL that
-//! SQLite, PostgreSQL and MySQL share.
+//! The statements are the same in every dialect but for where the dialect keeps its
+//! [`Bookkeeping`]: they use no placeholders and only SQL that SQLite, PostgreSQL and MySQL
+//! share.
 
-use super::{Columns, Session, Stmt};
+use super::{Bookkeeping, Columns, Session, Stmt};
 use crate::backend::Result;
 
 /// Violations listed per rule, at most this many (the count says how many in all).
@@ -107,6 +110,52 @@ const RULES: &[Rule] = &[
         },
     },
     Rule {
+        sql: "SELECT k.name, k.revision, k.create_revision, k.version FROM kv_log AS k \
+              WHERE k.created AND (k.create_revision <> k.revision OR k.version <> 1)",
+        say: |r| {
+            format!(
+                "key {}: the row creating it at revision {} has create_revision {} and \
+                 version {} (expected its own revision and 1)",
+                r.col(0),
+                r.col(1),
+                r.col(2),
+                r.col(3)
+            )
+        },
+    },
+    Rule {
+        sql: "SELECT k.name, k.revision, p.revision FROM kv_log AS k \
+              JOIN kv_log AS p ON p.name = k.name AND p.revision = k.prev_revision \
+              WHERE k.created AND NOT p.deleted",
+        say: |r| {
+            format!(
+                "key {}: the row at revision {} creates the key, but it was live at revision {}",
+                r.col(0),
+                r.col(1),
+                r.col(2)
+            )
+        },
+    },
+    Rule {
+        sql: "SELECT k.name, k.revision, k.version, p.version FROM kv_log AS k \
+              JOIN kv_log AS p ON p.name = k.name AND p.revision = k.prev_revision \
+              WHERE NOT k.created AND NOT k.deleted AND NOT p.deleted \
+              AND k.version <> p.version + 1",
+        say: |r| {
+            format!(
+                "key {}: version {} at revision {} does not follow version {} before it",
+                r.col(0),
+                r.col(2),
+                r.col(1),
+                r.col(3)
+            )
+        },
+    },
+];
+
+/// The bookkeeping kept in the rows ([`Bookkeeping::InRow`]).
+const IN_ROW_RULES: &[Rule] = &[
+    Rule {
         sql: "SELECT name, COUNT(*) FROM kv_log WHERE superseded_by IS NULL GROUP BY name \
               HAVING COUNT(*) > 1",
         say: |r| {
@@ -158,26 +207,54 @@ const RULES: &[Rule] = &[
         },
     },
     Rule {
-        sql: "SELECT k.name, k.revision, k.create_revision, k.version FROM kv_log AS k \
-              WHERE k.created AND (k.create_revision <> k.revision OR k.version <> 1)",
+        sql: "SELECT h.name, h.lease FROM kv_log AS h \
+              LEFT JOIN leases AS l ON l.id = h.lease \
+              WHERE h.superseded_by IS NULL AND NOT h.deleted AND h.lease <> 0 \
+              AND l.id IS NULL",
         say: |r| {
             format!(
-                "key {}: the row creating it at revision {} has create_revision {} and \
-                 version {} (expected its own revision and 1)",
+                "key {} is attached to lease {}, which does not exist",
                 r.col(0),
-                r.col(1),
-                r.col(2),
-                r.col(3)
+                r.col(1)
+            )
+        },
+    },
+];
+
+/// The bookkeeping kept in tables of its own ([`Bookkeeping::Tables`]). A `kv_replaced` entry
+/// may outlive its row when that row was a tombstone: compaction removes tombstones below the
+/// compact revision whatever replaced them, and such an entry is never read as live.
+const TABLES_RULES: &[Rule] = &[
+    Rule {
+        sql: "SELECT k.name, MAX(k.revision) FROM kv_log AS k WHERE NOT EXISTS \
+              (SELECT 1 FROM kv_head AS h WHERE h.name = k.name) GROUP BY k.name",
+        say: |r| {
+            format!(
+                "key {} has no entry in kv_head (its newest row is at revision {})",
+                r.col(0),
+                r.col(1)
             )
         },
     },
     Rule {
-        sql: "SELECT k.name, k.revision, p.revision FROM kv_log AS k \
-              JOIN kv_log AS p ON p.name = k.name AND p.revision = k.prev_revision \
-              WHERE k.created AND NOT p.deleted",
+        sql: "SELECT h.name, h.revision FROM kv_head AS h LEFT JOIN kv_log AS k \
+              ON k.revision = h.revision AND k.name = h.name \
+              WHERE k.revision IS NULL OR k.deleted <> h.deleted",
         say: |r| {
             format!(
-                "key {}: the row at revision {} creates the key, but it was live at revision {}",
+                "key {}: kv_head names revision {}, where the key has no such row",
+                r.col(0),
+                r.col(1)
+            )
+        },
+    },
+    Rule {
+        sql: "SELECT h.name, h.revision, MAX(n.revision) FROM kv_head AS h \
+              JOIN kv_log AS n ON n.name = h.name AND n.revision > h.revision \
+              GROUP BY h.name, h.revision",
+        say: |r| {
+            format!(
+                "key {}: kv_head names revision {} as its newest, but it has a row at {}",
                 r.col(0),
                 r.col(1),
                 r.col(2)
@@ -185,25 +262,39 @@ const RULES: &[Rule] = &[
         },
     },
     Rule {
-        sql: "SELECT k.name, k.revision, k.version, p.version FROM kv_log AS k \
-              JOIN kv_log AS p ON p.name = k.name AND p.revision = k.prev_revision \
-              WHERE NOT k.created AND NOT k.deleted AND NOT p.deleted \
-              AND k.version <> p.version + 1",
+        sql: "SELECT k.name, k.revision FROM kv_log AS k WHERE NOT EXISTS \
+              (SELECT 1 FROM kv_head AS h WHERE h.name = k.name AND h.revision = k.revision) \
+              AND NOT EXISTS (SELECT 1 FROM kv_replaced AS r \
+              WHERE r.name = k.name AND r.revision = k.revision)",
         say: |r| {
             format!(
-                "key {}: version {} at revision {} does not follow version {} before it",
+                "key {}: the row at revision {} is neither the newest nor recorded as replaced",
                 r.col(0),
-                r.col(2),
-                r.col(1),
-                r.col(3)
+                r.col(1)
             )
         },
     },
     Rule {
-        sql: "SELECT h.name, h.lease FROM kv_log AS h \
-              LEFT JOIN leases AS l ON l.id = h.lease \
-              WHERE h.superseded_by IS NULL AND NOT h.deleted AND h.lease <> 0 \
-              AND l.id IS NULL",
+        sql: "SELECT r.name, r.revision, r.superseded_by FROM kv_replaced AS r \
+              LEFT JOIN kv_log AS s ON s.revision = r.superseded_by AND s.name = r.name \
+              LEFT JOIN kv_log AS k ON k.revision = r.revision AND k.name = r.name \
+              WHERE s.revision IS NULL OR s.prev_revision <> r.revision \
+              OR (k.revision IS NULL AND NOT r.deleted) OR k.deleted <> r.deleted",
+        say: |r| {
+            format!(
+                "key {}: the row at revision {} is recorded as replaced at revision {}, but no \
+                 row of the key there follows it",
+                r.col(0),
+                r.col(1),
+                r.col(2)
+            )
+        },
+    },
+    Rule {
+        sql: "SELECT h.name, k.lease FROM kv_head AS h \
+              JOIN kv_log AS k ON k.revision = h.revision AND k.name = h.name \
+              LEFT JOIN leases AS l ON l.id = k.lease \
+              WHERE NOT h.deleted AND k.lease <> 0 AND l.id IS NULL",
         say: |r| {
             format!(
                 "key {} is attached to lease {}, which does not exist",
@@ -230,7 +321,11 @@ pub async fn run<S: Session>(session: &mut S) -> Result<Report> {
         report.current_revision = row.int(2)?;
         report.compact_revision = row.int(3)?;
     }
-    for rule in RULES {
+    let bookkeeping = match session.sql().bookkeeping {
+        Bookkeeping::InRow => IN_ROW_RULES,
+        Bookkeeping::Tables => TABLES_RULES,
+    };
+    for rule in RULES.iter().chain(bookkeeping) {
         let rows = session.fetch(Stmt::new(rule.sql)).await?;
         for row in rows.iter().take(SAMPLES) {
             report.problems.push((rule.say)(row));

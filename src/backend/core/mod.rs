@@ -27,7 +27,8 @@ use async_trait::async_trait;
 
 pub use server::{Begun, KeptConnection, ServerDialect, ServerSession, bound, pool_options};
 pub use statements::{
-    Sql, Syntax, changes_query, insert_chunks, number_placeholders, push_tuples, values_chunks,
+    Bookkeeping, Sql, Syntax, changes_query, insert_chunks, mark_superseded, number_placeholders,
+    push_tuples, values_chunks,
 };
 
 use super::{
@@ -345,9 +346,17 @@ impl<C: Connector> Backend for SqlBackend<C> {
         let superseded = tx
             .execute(Stmt::new(&*sql.compact_superseded).int(after).int(through))
             .await?;
+        if let Some(forget) = &sql.forget_replaced {
+            tx.execute(Stmt::new(&**forget).int(after).int(through))
+                .await?;
+        }
         // Tombstones below the compact revision: a key that is absent needs no row to say so.
         // The windows [after, through) tile [previous compact, compact) exactly; a tombstone at
         // the compact revision itself stays, as a watch from that revision must report it.
+        if let Some(forget) = &sql.forget_tombstones {
+            tx.execute(Stmt::new(&**forget).int(after).int(through))
+                .await?;
+        }
         let tombstones = tx
             .execute(Stmt::new(&*sql.compact_tombstones).int(after).int(through))
             .await?;

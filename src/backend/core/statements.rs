@@ -29,6 +29,19 @@ pub struct Syntax {
     pub null_bytes: &'static str,
 }
 
+/// Where a dialect records which row replaced which.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Bookkeeping {
+    /// In the replaced row itself (`superseded_by`, NULL while the row is its key's newest),
+    /// with indexes over it: PostgreSQL and MySQL, whose pages are large and whose updates
+    /// cheap next to their round trips.
+    InRow,
+    /// In tables of their own that the writer only appends to or upserts (`kv_head`, each
+    /// key's newest row; `kv_replaced`, keyed by the replacing revision), so the log itself is
+    /// append-only: SQLite, which writes every page a commit touches.
+    Tables,
+}
+
 /// Builds the statements answering `(i, value)` for the wanted rows `(key, revision)` that
 /// exist, `i` counting from the first row of the slice.
 pub type ValuesAt = for<'a> fn(&[(&'a [u8], i64)]) -> Vec<Stmt<'a>>;
@@ -48,7 +61,14 @@ pub struct Sql {
     /// Raises `compacted_through` to the argument (bound twice), never lowers it.
     pub raise_compacted_through: Cow<'static, str>,
     pub compact_superseded: Cow<'static, str>,
+    /// Run after `compact_superseded`, with the same window: drops what recorded the
+    /// replacements it compacted, where that is kept apart from the rows.
+    pub forget_replaced: Option<Cow<'static, str>>,
+    /// Run before `compact_tombstones`, with the same window: drops the tombstones it will
+    /// remove from wherever else a key's newest row is kept.
+    pub forget_tombstones: Option<Cow<'static, str>>,
     pub compact_tombstones: Cow<'static, str>,
+    pub bookkeeping: Bookkeeping,
 
     pub latest: Cow<'static, str>,
     pub heads: Cow<'static, str>,
@@ -161,9 +181,12 @@ impl Sql {
             compact_superseded: s(
                 "DELETE FROM kv_log WHERE superseded_by >= ? AND superseded_by < ?",
             ),
+            forget_replaced: None,
+            forget_tombstones: None,
             compact_tombstones: s(
                 "DELETE FROM kv_log WHERE deleted AND revision >= ? AND revision < ?",
             ),
+            bookkeeping: Bookkeeping::InRow,
             latest: s(concat!(
                 "SELECT ",
                 log_columns!(),
@@ -274,14 +297,14 @@ const INSERT_COLUMNS: &str = "INSERT INTO kv_log (revision, sub, name, created, 
 
 /// Appends `rows` for dialects that take many rows as VALUES tuples (SQLite, MySQL): in chunks
 /// of at most `max_rows` rows and about `max_bytes` of keys and values, each a multi-row INSERT
-/// followed by an UPDATE marking the rows the chunk's rows replaced (after the insert: a row's
-/// predecessor may be an earlier row of the same chunk). `supersede(n)` is that UPDATE's text
-/// for `n` replacing rows, each taking (its revision, its key, the revision it replaces).
+/// followed by the statements `bookkeeping` gives for the chunk: what records which rows the
+/// chunk's rows replaced (after the insert: a row's predecessor may be an earlier row of the
+/// same chunk).
 pub fn insert_chunks<'a>(
     rows: &'a [LogRow],
     max_rows: usize,
     max_bytes: usize,
-    supersede: impl Fn(usize) -> String,
+    bookkeeping: impl Fn(&'a [LogRow]) -> Vec<Stmt<'a>>,
 ) -> Vec<Stmt<'a>> {
     let mut statements = Vec::new();
     let mut rest = rows;
@@ -295,19 +318,30 @@ pub fn insert_chunks<'a>(
         let (chunk, after) = rest.split_at(take);
         rest = after;
         statements.push(insert_values(chunk));
-        let replacing: Vec<&LogRow> = chunk.iter().filter(|r| r.prev_revision > 0).collect();
-        if !replacing.is_empty() {
-            let mut stmt = Stmt::new(supersede(replacing.len()));
-            for row in replacing {
-                stmt = stmt
-                    .int(row.revision)
-                    .bytes(&row.key)
-                    .int(row.prev_revision);
-            }
-            statements.push(stmt);
-        }
+        statements.extend(bookkeeping(chunk));
     }
     statements
+}
+
+/// The statement that sets `superseded_by` on the rows `chunk` replaces, for dialects that
+/// keep it in the row: `update(n)` is its text for `n` replacing rows, each taking (its
+/// revision, its key, the revision it replaces). None when no row replaces one.
+pub fn mark_superseded<'a>(
+    chunk: &'a [LogRow],
+    update: impl Fn(usize) -> String,
+) -> Option<Stmt<'a>> {
+    let replacing: Vec<&LogRow> = chunk.iter().filter(|r| r.prev_revision > 0).collect();
+    if replacing.is_empty() {
+        return None;
+    }
+    let mut stmt = Stmt::new(update(replacing.len()));
+    for row in replacing {
+        stmt = stmt
+            .int(row.revision)
+            .bytes(&row.key)
+            .int(row.prev_revision);
+    }
+    Some(stmt)
 }
 
 /// A multi-row INSERT of `rows` with `?` placeholders.

@@ -10,7 +10,7 @@
 
 use std::sync::LazyLock;
 
-use crate::backend::core::{Sql, Stmt, Syntax, insert_chunks, values_chunks};
+use crate::backend::core::{Sql, Stmt, Syntax, insert_chunks, mark_superseded, values_chunks};
 use crate::backend::{LogRow, RangeEnd, Scan};
 
 const SYNTAX: Syntax = Syntax {
@@ -173,12 +173,14 @@ fn rows_table(count: usize, names: &[&str]) -> String {
 }
 
 fn insert_rows(rows: &[LogRow]) -> Vec<Stmt<'_>> {
-    insert_chunks(rows, INSERT_ROWS, INSERT_BYTES, |count| {
-        format!(
-            "UPDATE kv_log AS k JOIN ({}) AS u ON k.name = u.name AND k.revision = u.prev \
-             SET k.superseded_by = u.revision",
-            rows_table(count, &["revision", "name", "prev"])
-        )
+    insert_chunks(rows, INSERT_ROWS, INSERT_BYTES, |chunk| {
+        Vec::from_iter(mark_superseded(chunk, |count| {
+            format!(
+                "UPDATE kv_log AS k JOIN ({}) AS u ON k.name = u.name AND k.revision = u.prev \
+                 SET k.superseded_by = u.revision",
+                rows_table(count, &["revision", "name", "prev"])
+            )
+        }))
     })
 }
 
