@@ -345,12 +345,18 @@ async fn measure(
     config.quota_backend_bytes = -1;
     let before = resident_mib();
     let shutdown = CancellationToken::new();
+    let starting = Instant::now();
     let running = etcdsql::start(config, shutdown.clone()).await?;
+    let start_seconds = starting.elapsed().as_secs_f64();
     let url = format!("http://{}", running.local_addrs[0]);
     let client = Client::connect([url.as_str()], None).await?;
     // The server runs in this process: what it added is its index of the keys (no values yet:
     // reads fill them in).
     let loaded = resident_mib();
+    println!(
+        "start: {start_seconds:.1} s to open the store and load the index of {} keys",
+        fixture.keys
+    );
     println!(
         "resident memory: {before:.0} MiB before the server started, {loaded:.0} MiB once it \
          had loaded its index of {} keys: {:.0} bytes per key\n",

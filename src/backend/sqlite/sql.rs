@@ -25,27 +25,22 @@ const INSERT_CHUNK: usize = 64;
 /// `(key, revision)` pairs per `values_at` statement (two parameters each).
 const VALUES_CHUNK: usize = 256;
 
-/// "The row of each key in a range that is visible at revision ?3, if it is live." `$range`
-/// selects the keys of `x` (`?1` start, `?2` end); `$join` joins the log's row as `k` where the
-/// columns need it (a count needs only `x`). A visible row has `revision <= R` and was not yet
-/// replaced at R: either it is still the key's newest row (`kv_head`, whose tombstones the
-/// test on `deleted` drops) or it was replaced after R (`kv_replaced`, a handful of rows when R
-/// is recent; its primary key starts with the replacing revision). Each branch is one range of
-/// one table, so neither looks at older versions.
+/// "The key and revision of each key in a range whose row visible at revision ?3 is live."
+/// `$range` selects the keys of `x` (`?1` start, `?2` end). A visible row has `revision <= R`
+/// and was not yet replaced at R: either it is still the key's newest row (`kv_head`, whose
+/// tombstones the test on `deleted` drops) or it was replaced after R (`kv_replaced`, a
+/// handful of rows when R is recent; its primary key starts with the replacing revision). Each
+/// branch is one range of one table, so neither looks at older versions, nor at the log.
 macro_rules! visible_branches {
-    ($columns:expr, $join:expr, $range:literal) => {
+    ($columns:expr, $range:literal) => {
         concat!(
             "SELECT ",
             $columns,
-            " FROM kv_head AS x",
-            $join,
-            " WHERE ",
+            " FROM kv_head AS x WHERE ",
             $range,
             " AND x.deleted = 0 AND x.revision <= ?3 UNION ALL SELECT ",
             $columns,
-            " FROM kv_replaced AS x",
-            $join,
-            " WHERE x.superseded_by > ?3 AND ",
+            " FROM kv_replaced AS x WHERE x.superseded_by > ?3 AND ",
             $range,
             " AND x.revision <= ?3 AND x.deleted = 0"
         )
@@ -84,8 +79,7 @@ macro_rules! single_key {
 }
 
 /// The log's columns up to the lease, of the row `k`, its key taken from `$name`. A scan takes
-/// it from the entry the row was found by (`x.name`), so that its ORDER BY follows that entry's
-/// primary key (`k.name` would make SQLite sort the whole range before the limit).
+/// it from the entry the row was found by (`x.name`), which is what it is ordered by.
 macro_rules! row_columns {
     ($name:literal) => {
         concat!(
@@ -106,15 +100,23 @@ macro_rules! scan_columns {
     };
 }
 
-/// A scan in key order, at most `?4` rows. The limit is `?4 + 0`, not `?4`: SQLite plans a
-/// compound SELECT's bare `LIMIT ?` for the value bound, so it would re-parse and re-plan the
-/// statement on every execution (a third of a point read's CPU); an expression is evaluated at
-/// run time instead.
+/// A scan in key order, at most `?4` rows. The branches find the keys and revisions, and only
+/// the rows within the limit are then looked up in the log: the branch of rows replaced since
+/// an older revision must be sorted before the limit applies, and looking up each of its rows
+/// first would read the values of every version written since. The limit is `?4 + 0`, not
+/// `?4`: SQLite plans a compound SELECT's bare `LIMIT ?` for the value bound, so it would
+/// re-parse and re-plan the statement on every execution (a third of a point read's CPU); an
+/// expression is evaluated at run time instead.
 macro_rules! scan_sql {
     ($value:literal, $range:literal) => {
         concat!(
-            visible_branches!(scan_columns!("x.name", $value), row_join!(), $range),
-            " ORDER BY name LIMIT ?4 + 0"
+            "SELECT ",
+            scan_columns!("x.name", $value),
+            " FROM (",
+            visible_branches!("x.name AS name, x.revision AS revision", $range),
+            " ORDER BY name LIMIT ?4 + 0) AS x",
+            row_join!(),
+            " ORDER BY x.name"
         )
     };
 }
@@ -123,7 +125,7 @@ macro_rules! count_sql {
     ($range:literal) => {
         concat!(
             "SELECT COALESCE(SUM(n), 0) FROM (",
-            visible_branches!("COUNT(*) AS n", "", $range),
+            visible_branches!("COUNT(*) AS n", $range),
             ")"
         )
     };
@@ -180,7 +182,9 @@ pub static SQL: LazyLock<Sql> = LazyLock::new(|| Sql {
 /// `?3` revision, `?4` limit (-1 for none).
 pub fn scan_query(end: &RangeEnd, keys_only: bool) -> &'static str {
     match (end, keys_only) {
-        (RangeEnd::Single, false) => single_key!(scan_columns!("k.name", "k.value"), " LIMIT ?4 + 0"),
+        (RangeEnd::Single, false) => {
+            single_key!(scan_columns!("k.name", "k.value"), " LIMIT ?4 + 0")
+        }
         (RangeEnd::Single, true) => single_key!(scan_columns!("k.name", "x''"), " LIMIT ?4 + 0"),
         (RangeEnd::Unbounded, false) => scan_sql!("k.value", "x.name >= ?1"),
         (RangeEnd::Unbounded, true) => scan_sql!("x''", "x.name >= ?1"),
