@@ -85,8 +85,8 @@ const INSERT_LOG: &str = "INSERT INTO kv_log (revision, sub, name, created, dele
      create_revision, prev_revision, version, lease, value, old_value, old_lease, superseded_by) ";
 const INSERT_LOG_SQLITE: &str = "INSERT INTO kv_log (revision, sub, name, created, deleted, \
      create_revision, prev_revision, version, lease, value, old_value, old_lease) ";
-const INSERT_HEADS_SQLITE: &str = "INSERT INTO kv_head (name, revision, deleted) ";
-const INSERT_REPLACED_SQLITE: &str =
+pub(super) const INSERT_HEADS_SQLITE: &str = "INSERT INTO kv_head (name, revision, deleted) ";
+pub(super) const INSERT_REPLACED_SQLITE: &str =
     "INSERT INTO kv_replaced (superseded_by, name, revision, deleted) ";
 const SELECT_LEASES: &str = "SELECT id, ttl, expires_at FROM leases ORDER BY id";
 const INSERT_LEASES: &str = "INSERT INTO leases (id, ttl, expires_at) ";
@@ -146,14 +146,23 @@ fn anonymous(sql: &'static str) -> AssertSqlSafe<Cow<'static, str>> {
     AssertSqlSafe(Cow::Borrowed(sql))
 }
 
+/// [`sqlite_bookkeeping`] where the target is SQLite (`true`); nothing where its rows say what
+/// replaced them (`false`).
+macro_rules! sqlite_bookkeeping {
+    (true, $chunk:expr, $to:expr) => {
+        sqlite_bookkeeping($chunk, $to).await?
+    };
+    (false, $chunk:expr, $to:expr) => {};
+}
+
 /// One typed copy loop per direction: `$from_sql` and `$to_sql` spell the statements for the
-/// source and the target, `$select_log` reads the source's log, `$to_sqlite` says whether the
-/// target keeps SQLite's bookkeeping tables (which `$bookkeeping` writes), and `$upsert` is the target's upsert of a meta row.
+/// source and the target, `$select_log` reads the source's log, `$to_sqlite` (`true` or
+/// `false`) says whether the target keeps SQLite's bookkeeping tables rather than
+/// `superseded_by`, and `$upsert` is the target's upsert of a meta row.
 macro_rules! copy_all {
     (
         $from:expr, $from_sql:expr, $select_log:expr,
-        $to:expr, $to_db:ty, $to_sql:expr, $to_sqlite:expr, $bookkeeping:path,
-        $upsert:expr, $copied:expr
+        $to:expr, $to_db:ty, $to_sql:expr, $to_sqlite:tt, $upsert:expr, $copied:expr
     ) => {{
         let (from, to) = ($from, $to);
         let mut after = (0_i64, -1_i64);
@@ -191,7 +200,7 @@ macro_rules! copy_all {
                     }
                 });
                 insert.build().execute(&mut *to).await?;
-                $bookkeeping(chunk, &mut *to).await?;
+                sqlite_bookkeeping!($to_sqlite, chunk, &mut *to);
             }
             copied_rows += rows.len() as u64;
             $copied(copied_rows);
@@ -252,11 +261,6 @@ async fn sqlite_bookkeeping(chunk: &[LogRecord], to: &mut SqliteConnection) -> R
     Ok(())
 }
 
-/// For targets that keep the bookkeeping in the rows: nothing more to write.
-async fn in_row_bookkeeping<C>(_chunk: &[LogRecord], _to: C) -> Result<()> {
-    Ok(())
-}
-
 /// Copies the store read through `$snapshot` (statements spelled by `$spell`) into a new SQLite
 /// file at `$dest`.
 macro_rules! store_to_file {
@@ -272,7 +276,6 @@ macro_rules! store_to_file {
             Sqlite,
             anonymous,
             true,
-            sqlite_bookkeeping,
             UPSERT_META,
             |_| {}
         );
@@ -287,8 +290,8 @@ macro_rules! store_to_file {
 /// `$db`, statements spelled by `$spell`, meta rows written by `$upsert`).
 macro_rules! file_to_store {
     (
-        $source:expr, $target:expr, $db:ty, $spell:expr, $to_sqlite:expr, $bookkeeping:path,
-        $upsert:expr, $copied:expr
+        $source:expr, $target:expr, $db:ty, $spell:expr, $to_sqlite:tt, $upsert:expr,
+        $copied:expr
     ) => {{
         ensure_empty!($target);
         let pool = open_file($source).await?;
@@ -304,7 +307,6 @@ macro_rules! file_to_store {
             $db,
             $spell,
             $to_sqlite,
-            $bookkeeping,
             $upsert,
             $copied
         );
@@ -339,7 +341,6 @@ pub(super) async fn file_to_postgres(
         Postgres,
         numbered,
         false,
-        in_row_bookkeeping,
         UPSERT_META,
         copied
     )
@@ -352,16 +353,7 @@ pub(super) async fn file_to_sqlite(
     target: &mut SqliteConnection,
     copied: Copied<'_>,
 ) -> Result<()> {
-    file_to_store!(
-        source,
-        target,
-        Sqlite,
-        anonymous,
-        true,
-        sqlite_bookkeeping,
-        UPSERT_META,
-        copied
-    )
+    file_to_store!(source, target, Sqlite, anonymous, true, UPSERT_META, copied)
 }
 
 /// Copies the backup at `source` into the MySQL store `target` (a transaction), which must be
@@ -377,7 +369,6 @@ pub(super) async fn file_to_mysql(
         MySql,
         anonymous,
         false,
-        in_row_bookkeeping,
         UPSERT_META_MYSQL,
         copied
     )

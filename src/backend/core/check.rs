@@ -211,13 +211,7 @@ const IN_ROW_RULES: &[Rule] = &[
               LEFT JOIN leases AS l ON l.id = h.lease \
               WHERE h.superseded_by IS NULL AND NOT h.deleted AND h.lease <> 0 \
               AND l.id IS NULL",
-        say: |r| {
-            format!(
-                "key {} is attached to lease {}, which does not exist",
-                r.col(0),
-                r.col(1)
-            )
-        },
+        say: missing_lease,
     },
 ];
 
@@ -295,15 +289,18 @@ const TABLES_RULES: &[Rule] = &[
               JOIN kv_log AS k ON k.revision = h.revision AND k.name = h.name \
               LEFT JOIN leases AS l ON l.id = k.lease \
               WHERE NOT h.deleted AND k.lease <> 0 AND l.id IS NULL",
-        say: |r| {
-            format!(
-                "key {} is attached to lease {}, which does not exist",
-                r.col(0),
-                r.col(1)
-            )
-        },
+        say: missing_lease,
     },
 ];
+
+/// How both layouts' lease rule says what it found: (key, lease).
+fn missing_lease(r: &dyn RowText) -> String {
+    format!(
+        "key {} is attached to lease {}, which does not exist",
+        r.col(0),
+        r.col(1)
+    )
+}
 
 /// Runs every rule in `session` (one snapshot).
 pub async fn run<S: Session>(session: &mut S) -> Result<Report> {
