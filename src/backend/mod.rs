@@ -274,7 +274,7 @@ pub trait Backend: Send + Sync + 'static {
     async fn cluster_id(&self) -> Result<u64>;
     async fn size(&self) -> Result<DbSize>;
     /// Physically removes rows that compaction to `compact` made invisible and that a change with
-    /// a revision in `(after, through]` superseded; see [`crate::mvcc::compaction`] for the rule.
+    /// a revision in `(after, through]` superseded; see `mvcc::compactor` for the rule.
     /// Records `through` as done. Returns the number of rows removed.
     async fn compact_window(&self, compact: i64, after: i64, through: i64) -> Result<u64>;
     /// The revision up to which physical compaction has finished.

@@ -7,7 +7,7 @@
 //! # Invariants
 //! - **Nothing reuses a revision that was served.** The writer never writes while the
 //!   database's current revision is below the highest this process has committed or taken in
-//!   ([`Error::Rewound`]), and a read never answers from memory when the database is below it.
+//!   ([`super::Error::Rewound`]), and a read never answers from memory when the database is below it.
 //!   The process that finds the history shorter (its watch hub's tailer, [`Store::fence`])
 //!   moves the current and compact revisions to the highest it served plus [`FENCE_GAP`] and
 //!   records that revision as the fence, in one write transaction under the writers' lock; new
