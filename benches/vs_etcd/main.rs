@@ -241,6 +241,14 @@ fn machine() -> Map<String, Value> {
     m
 }
 
+/// Starts `perf record` on the server into `<dir>/<system>-<name>.data`, if asked to.
+fn profile(server: &Server, perf: Option<&(PathBuf, String)>, name: &str) -> Option<Profiler> {
+    perf.and_then(|(dir, args)| {
+        let file = dir.join(format!("{}-{name}.data", server.kind.name()));
+        Profiler::start(server.pid(), &file, args)
+    })
+}
+
 /// Runs one workload with the server's CPU time and peak RSS taken around it.
 async fn measure<F>(
     server: &Server,
@@ -264,10 +272,7 @@ where
         system::machine_busy_seconds(),
         server.disk_write_bytes(),
     );
-    let profiler = perf.and_then(|(dir, args)| {
-        let file = dir.join(format!("{}-{name}.data", server.kind.name()));
-        Profiler::start(server.pid(), &file, args)
-    });
+    let profiler = profile(server, perf, name);
     let mut m = run.await.unwrap_or_else(|e| Measured {
         ops: 0,
         elapsed: Duration::ZERO,
@@ -451,7 +456,13 @@ async fn run_step(
             tokio::time::sleep(Duration::from_millis(500)).await;
             eprintln!("  {:<17} sweep", server.kind.name());
             let cpu = || server.cpu_seconds() + server.db_cpu_seconds().unwrap_or(0.0);
-            match load::sweep(ctx, &cpu).await {
+            // One profile over every rate: the rates run back to back, the highest last.
+            let profiler = profile(server, perf, "sweep");
+            let swept = load::sweep(ctx, &cpu).await;
+            if let Some(p) = profiler {
+                p.stop();
+            }
+            match swept {
                 Ok(points) => result.sweep = points,
                 Err(e) => result.notes.push(format!("sweep: {e}")),
             }
