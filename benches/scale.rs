@@ -23,8 +23,8 @@
 //!
 //! The fixture is written with bulk SQL rather than through the API (5,000,000 writes through
 //! the API would take most of an hour); it follows the log's rules exactly: each key's versions
-//! chain through `prev_revision` and what records their replacement (`superseded_by`, or
-//! SQLite's `kv_head` and `kv_replaced`), and the current revision is the last row's.
+//! chain through `prev_revision` and what records their replacement (`superseded_by` on MySQL,
+//! `kv_head` and `kv_replaced` elsewhere), and the current revision is the last row's.
 //! PostgreSQL gets `VACUUM ANALYZE` after the load, as autovacuum would give a long-lived table.
 
 use std::path::PathBuf;
@@ -276,7 +276,7 @@ impl Fixture {
             for round in 0..self.versions {
                 sqlx::query(
                     "INSERT INTO kv_log (revision, sub, name, created, deleted, create_revision, \
-                         prev_revision, version, lease, value, old_value, old_lease, superseded_by) \
+                         prev_revision, version, lease, value, old_value, old_lease) \
                      SELECT 2 + $2 * $1 + i, 0, \
                          convert_to(format('/registry/configmaps/ns-%s/cm-%s', \
                              lpad((i / 1000)::text, 4, '0'), lpad((i % 1000)::text, 6, '0')), 'UTF8'), \
@@ -284,22 +284,37 @@ impl Fixture {
                          CASE WHEN $2 = 0 THEN 0 ELSE 2 + ($2 - 1) * $1 + i END, \
                          $2 + 1, 0, convert_to(rpad(md5(i::text || $2::text), $3::int, 'x'), 'UTF8'), \
                          CASE WHEN $2 = 0 THEN NULL \
-                              ELSE convert_to(rpad(md5(i::text), $3::int, 'x'), 'UTF8') END, 0, \
-                         CASE WHEN $2 + 1 < $4 THEN 2 + ($2 + 1) * $1 + i END \
+                              ELSE convert_to(rpad(md5(i::text), $3::int, 'x'), 'UTF8') END, 0 \
                      FROM generate_series(0::bigint, $1 - 1) AS i",
                 )
                 .bind(self.keys)
                 .bind(round)
                 .bind(self.value_bytes)
-                .bind(self.versions)
                 .execute(&pool)
                 .await?;
             }
+            // Which row replaced which, in tables of their own as on SQLite.
+            sqlx::query(
+                "INSERT INTO kv_replaced (superseded_by, name, revision, deleted) \
+                 SELECT revision, name, prev_revision, false FROM kv_log WHERE prev_revision > 0",
+            )
+            .execute(&pool)
+            .await?;
+            sqlx::query(
+                "INSERT INTO kv_head (name, revision, deleted) \
+                 SELECT name, revision, false FROM kv_log WHERE revision > $1 - $2",
+            )
+            .bind(current)
+            .bind(self.keys)
+            .execute(&pool)
+            .await?;
             sqlx::query("UPDATE meta SET value = $1 WHERE name = 'current_revision'")
                 .bind(current)
                 .execute(&pool)
                 .await?;
-            sqlx::query("VACUUM ANALYZE kv_log").execute(&pool).await?;
+            sqlx::query("VACUUM ANALYZE kv_log, kv_head, kv_replaced")
+                .execute(&pool)
+                .await?;
             pool.close().await;
         }
         Ok(())

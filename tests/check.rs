@@ -76,9 +76,9 @@ async fn check_passes_a_written_store_and_names_each_broken_rule() {
 
     // k/18 was created at revision 20 (the first put is revision 2) and put again last: its
     // first row marked newest as well, and a version that skips some.
-    let sqlite = !on_postgres() && !on_mysql();
-    let broken_newest = if sqlite {
-        // SQLite: kv_head points back at the first row, and nothing records its replacement.
+    let broken_newest = if !on_mysql() {
+        // SQLite and PostgreSQL: kv_head points back at the first row, and nothing records
+        // its replacement.
         execute_sql(
             &endpoint,
             &format!(

@@ -7,7 +7,7 @@ mod common;
 use std::path::Path;
 use std::sync::Arc;
 
-use common::{TestServer, fields, test_endpoint};
+use common::{TestServer, etcdsql_tool, fields, test_endpoint};
 use etcd_client::{Client, GetOptions, PutOptions};
 use sha2::{Digest, Sha256};
 
@@ -104,6 +104,9 @@ async fn a_snapshot_restores_into_an_empty_store_with_everything_in_it() {
             .unwrap_err();
         assert!(again.to_string().contains("not empty"), "{again}");
         backend.close().await;
+        // What records which row replaced which was rebuilt consistently with the rows.
+        let (status, text) = etcdsql_tool(&["check", &endpoint]);
+        assert_eq!(status, 0, "{endpoint}: {text}");
     }
     for target in [restored_dir.path(), sqlite_dir.path()] {
         let server = if target == sqlite_dir.path() {

@@ -2,14 +2,15 @@
 //! rows written before migration 0004 carry their old value and were indexed by name, rows
 //! written after carry neither. Reads at old revisions and watches with prev_kv see both kinds.
 //! Migration 0007 moves which row replaced which out of the rows into tables of their own;
-//! compaction and `etcdsql check` then work on what it moved.
+//! compaction and `etcdsql check` then work on what it moved. PostgreSQL's migration 0006 does
+//! the same for a PostgreSQL database.
 //! A database keeps the page size it was created with (4 KiB before), while new ones get 1 KiB.
 
 mod common;
 
 use std::time::Duration;
 
-use common::{TestServer, etcdsql_tool, shared_database};
+use common::{TestServer, etcdsql_tool, log_rows, on_postgres, shared_database, test_endpoint};
 use etcd_client::{CompactionOptions, EventType, GetOptions, WatchOptions, WatchStream};
 
 /// (type, key, value, prev value) of every event until `want` have arrived.
@@ -34,13 +35,18 @@ async fn events(stream: &mut WatchStream, want: usize) -> Vec<(EventType, String
 #[tokio::test]
 async fn a_database_from_before_migration_0004_reads_and_watches_as_written() {
     // Rows then carried their old value and were indexed by name.
-    reads_and_watches_as_written(&["0001_log.sql", "0002_leases.sql", "0003_superseded.sql"]).await;
+    sqlite_reads_and_watches_as_written(&[
+        "0001_log.sql",
+        "0002_leases.sql",
+        "0003_superseded.sql",
+    ])
+    .await;
 }
 
 #[tokio::test]
 async fn a_database_from_before_migration_0007_reads_and_watches_as_written() {
     // The previous release: every row recorded its replacement in place (`superseded_by`).
-    reads_and_watches_as_written(&[
+    sqlite_reads_and_watches_as_written(&[
         "0001_log.sql",
         "0002_leases.sql",
         "0003_superseded.sql",
@@ -51,20 +57,85 @@ async fn a_database_from_before_migration_0007_reads_and_watches_as_written() {
     .await;
 }
 
-/// A database as the server left it after `migrations`, applied by sqlx so that the server
-/// recognises them, with rows as that server wrote them, reads and watches as written once the
-/// server has migrated it, compacts, and passes `etcdsql check`.
-async fn reads_and_watches_as_written(migrations: &[&str]) {
-    if shared_database() {
-        return; // The other backends' schemas did not change this way.
+#[tokio::test]
+async fn a_postgres_database_from_before_migration_0006_reads_and_watches_as_written() {
+    if !on_postgres() {
+        return;
     }
+    // The previous release: every row recorded its replacement in place (`superseded_by`).
     let dir = tempfile::tempdir().unwrap();
-    let old = dir.path().join("migrations");
+    let url = test_endpoint(dir.path());
+    <sqlx::Postgres as sqlx::migrate::MigrateDatabase>::create_database(&url)
+        .await
+        .unwrap();
+    let pool = sqlx::PgPool::connect(&url).await.unwrap();
+    let old = older_migrations(
+        dir.path(),
+        "postgres",
+        &[
+            "0001_log.sql",
+            "0002_leases.sql",
+            "0003_superseded.sql",
+            "0004_auth.sql",
+            "0005_fence.sql",
+        ],
+    );
+    sqlx::migrate::Migrator::new(old.as_path())
+        .await
+        .unwrap()
+        .run(&pool)
+        .await
+        .unwrap();
+    // The rows of `OLD_ROWS`, typed as PostgreSQL's log has them.
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO kv_log (revision, sub, name, created, deleted, create_revision, \
+         prev_revision, version, lease, value, old_value, old_lease, superseded_by) \
+         SELECT column1, 0, convert_to(column2, 'UTF8'), column3::int::boolean, \
+         column4::int::boolean, column5, column6, column7, 0, convert_to(column8, 'UTF8'), \
+         convert_to(column9, 'UTF8'), 0, column10 FROM (VALUES {OLD_ROWS}) AS v"
+    )))
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query("UPDATE meta SET value = 5 WHERE name = 'current_revision'")
+        .execute(&pool)
+        .await
+        .unwrap();
+    pool.close().await;
+    reads_and_watches_as_written(dir.path(), &url).await;
+}
+
+/// Revisions 2..=5 as an older release wrote them: put a=a1, put a=a2, delete a, put b=b1.
+/// Each tuple: revision, key, created, deleted, create revision, previous revision, version,
+/// value, old value, and the revision that replaced the row.
+const OLD_ROWS: &str = "\
+    (2, '/u/a', 1, 0, 2, 0, 1, 'a1', NULL, 3), \
+    (3, '/u/a', 0, 0, 2, 2, 2, 'a2', 'a1', 4), \
+    (4, '/u/a', 0, 1, 2, 3, 2, '', 'a2', NULL), \
+    (5, '/u/b', 1, 0, 5, 0, 1, 'b1', NULL, NULL)";
+
+/// A folder in `dir` holding the named migrations of `backend`, as an older release had them.
+fn older_migrations(dir: &std::path::Path, backend: &str, names: &[&str]) -> std::path::PathBuf {
+    let old = dir.join("migrations");
     std::fs::create_dir(&old).unwrap();
-    for name in migrations {
-        let from = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations/sqlite");
+    let from = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("migrations")
+        .join(backend);
+    for name in names {
         std::fs::copy(from.join(name), old.join(name)).unwrap();
     }
+    old
+}
+
+/// A SQLite database as the server left it after `migrations`, applied by sqlx so that the
+/// server recognises them, with rows as that server wrote them: see
+/// [`reads_and_watches_as_written`]. It also keeps its page size.
+async fn sqlite_reads_and_watches_as_written(migrations: &[&str]) {
+    if shared_database() {
+        return; // MySQL's schema did not change this way; PostgreSQL has its own test.
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let old = older_migrations(dir.path(), "sqlite", migrations);
     let url = format!(
         "sqlite://{}?mode=rwc",
         dir.path().join("state.db").display()
@@ -76,17 +147,14 @@ async fn reads_and_watches_as_written(migrations: &[&str]) {
         .run(&pool)
         .await
         .unwrap();
-    // Revisions 2..=5: put a=a1, put a=a2, delete a, put b=b1. Keys and values are blobs.
-    sqlx::query(
+    // The rows of `OLD_ROWS`; keys and values are blobs.
+    sqlx::query(sqlx::AssertSqlSafe(format!(
         "INSERT INTO kv_log (revision, sub, name, created, deleted, create_revision, \
          prev_revision, version, lease, value, old_value, old_lease, superseded_by) \
          SELECT column1, 0, CAST(column2 AS BLOB), column3, column4, column5, column6, \
          column7, 0, CAST(column8 AS BLOB), CAST(column9 AS BLOB), 0, column10 FROM (VALUES \
-         (2, '/u/a', 1, 0, 2, 0, 1, 'a1', NULL, 3), \
-         (3, '/u/a', 0, 0, 2, 2, 2, 'a2', 'a1', 4), \
-         (4, '/u/a', 0, 1, 2, 3, 2, '', 'a2', NULL), \
-         (5, '/u/b', 1, 0, 5, 0, 1, 'b1', NULL, NULL))",
-    )
+         {OLD_ROWS})"
+    )))
     .execute(&pool)
     .await
     .unwrap();
@@ -95,8 +163,19 @@ async fn reads_and_watches_as_written(migrations: &[&str]) {
         .await
         .unwrap();
     pool.close().await;
+    reads_and_watches_as_written(dir.path(), &url).await;
+    assert_eq!(
+        page_size(&url).await,
+        4096,
+        "the old database keeps its pages"
+    );
+}
 
-    let server = TestServer::start(dir.path()).await;
+/// The store at `url` (in `dir`), holding [`OLD_ROWS`] as an older release wrote them, reads
+/// and watches as written once the server has migrated it, compacts, and passes
+/// `etcdsql check`.
+async fn reads_and_watches_as_written(dir: &std::path::Path, url: &str) {
+    let server = TestServer::start(dir).await;
     let mut c = server.client().await;
     let value_at = |revision| GetOptions::new().with_revision(revision);
     for (revision, want) in [(2, Some("a1")), (3, Some("a2")), (4, None), (5, None)] {
@@ -165,20 +244,9 @@ async fn reads_and_watches_as_written(migrations: &[&str]) {
     let values: Vec<&str> = got.kvs().iter().map(|kv| kv.value_str().unwrap()).collect();
     assert_eq!(values, ["a3", "b2", "c1"]);
     server.stop().await;
-    let (status, text) = etcdsql_tool(&["check", &url]);
+    let (status, text) = etcdsql_tool(&["check", url]);
     assert_eq!(status, 0, "{text}");
-    let pool = sqlx::SqlitePool::connect(&url).await.unwrap();
-    let rows: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM kv_log")
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-    pool.close().await;
-    assert_eq!(rows, 3, "only each key's newest row is left");
-    assert_eq!(
-        page_size(&url).await,
-        4096,
-        "the old database keeps its pages"
-    );
+    assert_eq!(log_rows(url).await, 3, "only each key's newest row is left");
 }
 
 async fn page_size(url: &str) -> i64 {

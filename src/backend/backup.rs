@@ -61,7 +61,7 @@ struct NamedRecord {
     record: Vec<u8>,
 }
 
-/// The log as PostgreSQL and MySQL keep it, replacements in the rows.
+/// The log as MySQL keeps it, replacements in the rows.
 const SELECT_LOG: &str = "SELECT revision, sub, name, created, deleted, create_revision, \
      prev_revision, version, lease, value, old_value, old_lease, superseded_by FROM kv_log \
      WHERE (revision, sub) > (?, ?) ORDER BY revision, sub LIMIT ?";
@@ -71,6 +71,15 @@ const SELECT_LOG_SQLITE: &str = "SELECT k.revision, k.sub, k.name, k.created, k.
      k.create_revision, k.prev_revision, k.version, k.lease, k.value, k.old_value, k.old_lease, \
      s.superseded_by FROM kv_log AS k \
      LEFT JOIN temp.successor AS s ON s.revision = k.revision AND s.name = k.name \
+     WHERE (k.revision, k.sub) > (?, ?) ORDER BY k.revision, k.sub LIMIT ?";
+/// The log as PostgreSQL keeps it, each row with the revision that replaced it: the key's next
+/// row, found by the (name, revision) index. `kv_replaced` says the same, but is keyed by the
+/// replacing revision, and a temporary table as SQLite's source uses cannot be created in the
+/// read-only snapshot.
+const SELECT_LOG_POSTGRES: &str = "SELECT k.revision, k.sub, k.name, k.created, k.deleted, \
+     k.create_revision, k.prev_revision, k.version, k.lease, k.value, k.old_value, k.old_lease, \
+     (SELECT s.revision FROM kv_log AS s WHERE s.name = k.name AND s.revision > k.revision \
+      ORDER BY s.revision LIMIT 1) AS superseded_by FROM kv_log AS k \
      WHERE (k.revision, k.sub) > (?, ?) ORDER BY k.revision, k.sub LIMIT ?";
 /// SQLite's `kv_replaced` is keyed by the replacing revision; a copy in the log's order lets
 /// each chunk of the log find its rows' successors by key. A temporary table: the source file
@@ -83,10 +92,10 @@ const INDEX_SUCCESSORS: [&str; 2] = [
 ];
 const INSERT_LOG: &str = "INSERT INTO kv_log (revision, sub, name, created, deleted, \
      create_revision, prev_revision, version, lease, value, old_value, old_lease, superseded_by) ";
-const INSERT_LOG_SQLITE: &str = "INSERT INTO kv_log (revision, sub, name, created, deleted, \
+const INSERT_LOG_TABLES: &str = "INSERT INTO kv_log (revision, sub, name, created, deleted, \
      create_revision, prev_revision, version, lease, value, old_value, old_lease) ";
-pub(super) const INSERT_HEADS_SQLITE: &str = "INSERT INTO kv_head (name, revision, deleted) ";
-pub(super) const INSERT_REPLACED_SQLITE: &str =
+pub(super) const INSERT_HEADS: &str = "INSERT INTO kv_head (name, revision, deleted) ";
+pub(super) const INSERT_REPLACED: &str =
     "INSERT INTO kv_replaced (superseded_by, name, revision, deleted) ";
 const SELECT_LEASES: &str = "SELECT id, ttl, expires_at FROM leases ORDER BY id";
 const INSERT_LEASES: &str = "INSERT INTO leases (id, ttl, expires_at) ";
@@ -146,23 +155,23 @@ fn anonymous(sql: &'static str) -> AssertSqlSafe<Cow<'static, str>> {
     AssertSqlSafe(Cow::Borrowed(sql))
 }
 
-/// [`sqlite_bookkeeping`] where the target is SQLite (`true`); nothing where its rows say what
-/// replaced them (`false`).
-macro_rules! sqlite_bookkeeping {
-    (true, $chunk:expr, $to:expr) => {
-        sqlite_bookkeeping($chunk, $to).await?
+/// [`table_bookkeeping`] where the target keeps it in tables (`true`); nothing where its rows
+/// say what replaced them (`false`).
+macro_rules! bookkeeping {
+    (true, $db:ty, $chunk:expr, $to:expr) => {
+        table_bookkeeping!($db, $chunk, $to)
     };
-    (false, $chunk:expr, $to:expr) => {};
+    (false, $db:ty, $chunk:expr, $to:expr) => {};
 }
 
 /// One typed copy loop per direction: `$from_sql` and `$to_sql` spell the statements for the
 /// source and the target, `$select_log` reads the source's log, `$to_sqlite` (`true` or
-/// `false`) says whether the target keeps SQLite's bookkeeping tables rather than
+/// `false`) says whether the target keeps `kv_head` and `kv_replaced` rather than
 /// `superseded_by`, and `$upsert` is the target's upsert of a meta row.
 macro_rules! copy_all {
     (
         $from:expr, $from_sql:expr, $select_log:expr,
-        $to:expr, $to_db:ty, $to_sql:expr, $to_sqlite:tt, $upsert:expr, $copied:expr
+        $to:expr, $to_db:ty, $to_sql:expr, $to_tables:tt, $upsert:expr, $copied:expr
     ) => {{
         let (from, to) = ($from, $to);
         let mut after = (0_i64, -1_i64);
@@ -177,8 +186,8 @@ macro_rules! copy_all {
             let Some(last) = rows.last() else { break };
             after = (last.revision, last.sub);
             for chunk in rows.chunks(CHUNK) {
-                let mut insert = QueryBuilder::<$to_db>::new(if $to_sqlite {
-                    INSERT_LOG_SQLITE
+                let mut insert = QueryBuilder::<$to_db>::new(if $to_tables {
+                    INSERT_LOG_TABLES
                 } else {
                     INSERT_LOG
                 });
@@ -195,12 +204,12 @@ macro_rules! copy_all {
                         .push_bind(&r.value)
                         .push_bind(&r.old_value)
                         .push_bind(r.old_lease);
-                    if !$to_sqlite {
+                    if !$to_tables {
                         row.push_bind(r.superseded_by);
                     }
                 });
                 insert.build().execute(&mut *to).await?;
-                sqlite_bookkeeping!($to_sqlite, chunk, &mut *to);
+                bookkeeping!($to_tables, $to_db, chunk, &mut *to);
             }
             copied_rows += rows.len() as u64;
             $copied(copied_rows);
@@ -234,44 +243,46 @@ macro_rules! copy_all {
     }};
 }
 
-/// Writes SQLite's bookkeeping for `chunk`, rows of a log that says in each row what replaced
-/// it: the rows nothing replaced go to `kv_head`, the others to `kv_replaced`.
-async fn sqlite_bookkeeping(chunk: &[LogRecord], to: &mut SqliteConnection) -> Result<()> {
-    let (heads, replaced): (Vec<&LogRecord>, Vec<&LogRecord>) =
-        chunk.iter().partition(|r| r.superseded_by.is_none());
-    if !heads.is_empty() {
-        let mut insert = QueryBuilder::<Sqlite>::new(INSERT_HEADS_SQLITE);
-        insert.push_values(heads, |mut row, r| {
-            row.push_bind(&r.name)
-                .push_bind(r.revision)
-                .push_bind(r.deleted);
-        });
-        insert.build().execute(&mut *to).await?;
-    }
-    if !replaced.is_empty() {
-        let mut insert = QueryBuilder::<Sqlite>::new(INSERT_REPLACED_SQLITE);
-        insert.push_values(replaced, |mut row, r| {
-            row.push_bind(r.superseded_by)
-                .push_bind(&r.name)
-                .push_bind(r.revision)
-                .push_bind(r.deleted);
-        });
-        insert.build().execute(&mut *to).await?;
-    }
-    Ok(())
+/// Writes the bookkeeping tables of the database `$db` on `$to` for `$chunk`, rows of a log
+/// that says in each row what replaced it: the rows nothing replaced go to `kv_head`, the
+/// others to `kv_replaced`.
+macro_rules! table_bookkeeping {
+    ($db:ty, $chunk:expr, $to:expr) => {{
+        let (heads, replaced): (Vec<&LogRecord>, Vec<&LogRecord>) =
+            $chunk.iter().partition(|r| r.superseded_by.is_none());
+        if !heads.is_empty() {
+            let mut insert = QueryBuilder::<$db>::new(INSERT_HEADS);
+            insert.push_values(heads, |mut row, r| {
+                row.push_bind(&r.name)
+                    .push_bind(r.revision)
+                    .push_bind(r.deleted);
+            });
+            insert.build().execute(&mut *$to).await?;
+        }
+        if !replaced.is_empty() {
+            let mut insert = QueryBuilder::<$db>::new(INSERT_REPLACED);
+            insert.push_values(replaced, |mut row, r| {
+                row.push_bind(r.superseded_by)
+                    .push_bind(&r.name)
+                    .push_bind(r.revision)
+                    .push_bind(r.deleted);
+            });
+            insert.build().execute(&mut *$to).await?;
+        }
+    }};
 }
 
-/// Copies the store read through `$snapshot` (statements spelled by `$spell`) into a new SQLite
-/// file at `$dest`.
+/// Copies the store read through `$snapshot` (statements spelled by `$spell`, its log read by
+/// `$select_log`) into a new SQLite file at `$dest`.
 macro_rules! store_to_file {
-    ($snapshot:expr, $spell:expr, $dest:expr) => {{
+    ($snapshot:expr, $spell:expr, $select_log:expr, $dest:expr) => {{
         let pool = open_file($dest).await?;
         let mut file = pool.acquire().await?;
         sqlx::query("BEGIN").execute(&mut *file).await?;
         copy_all!(
             $snapshot,
             $spell,
-            SELECT_LOG,
+            $select_log,
             &mut *file,
             Sqlite,
             anonymous,
@@ -319,13 +330,13 @@ macro_rules! file_to_store {
 /// Copies a PostgreSQL store, read in `snapshot` (a repeatable-read transaction), into a new
 /// SQLite file at `dest`.
 pub(super) async fn postgres_to_file(snapshot: &mut sqlx::PgConnection, dest: &Path) -> Result<()> {
-    store_to_file!(&mut *snapshot, numbered, dest)
+    store_to_file!(&mut *snapshot, numbered, SELECT_LOG_POSTGRES, dest)
 }
 
 /// Copies a MySQL store, read in `snapshot` (a consistent-snapshot transaction), into a new
 /// SQLite file at `dest`.
 pub(super) async fn mysql_to_file(snapshot: &mut sqlx::MySqlConnection, dest: &Path) -> Result<()> {
-    store_to_file!(&mut *snapshot, anonymous, dest)
+    store_to_file!(&mut *snapshot, anonymous, SELECT_LOG, dest)
 }
 
 /// Copies the backup at `source` into the PostgreSQL store `target` (a transaction), which
@@ -340,7 +351,7 @@ pub(super) async fn file_to_postgres(
         target,
         Postgres,
         numbered,
-        false,
+        true,
         UPSERT_META,
         copied
     )

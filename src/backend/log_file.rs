@@ -14,7 +14,7 @@ use std::path::Path;
 use sqlx::pool::PoolConnection;
 use sqlx::{QueryBuilder, Sqlite, SqlitePool};
 
-use super::backup::{INSERT_HEADS_SQLITE, INSERT_REPLACED_SQLITE};
+use super::backup::{INSERT_HEADS, INSERT_REPLACED};
 use super::{LeaseRow, Result};
 
 /// Rows per multi-row INSERT (13 parameters each, under SQLite's oldest limit of 999).
@@ -176,7 +176,7 @@ impl LogFile {
         insert.build().execute(&mut *self.conn).await?;
         self.pending.clear();
         if !self.replaced.is_empty() {
-            let mut insert = QueryBuilder::<Sqlite>::new(INSERT_REPLACED_SQLITE);
+            let mut insert = QueryBuilder::<Sqlite>::new(INSERT_REPLACED);
             insert.push_values(&self.replaced, |mut out, r| {
                 out.push_bind(r.by)
                     .push_bind(r.key.as_slice())
@@ -205,7 +205,7 @@ impl LogFile {
         self.flush().await?;
         let heads: Vec<(&Vec<u8>, &Head)> = self.heads.iter().collect();
         for chunk in heads.chunks(CHUNK) {
-            let mut insert = QueryBuilder::<Sqlite>::new(INSERT_HEADS_SQLITE);
+            let mut insert = QueryBuilder::<Sqlite>::new(INSERT_HEADS);
             insert.push_values(chunk, |mut out, (key, head)| {
                 out.push_bind(key.as_slice())
                     .push_bind(head.revision)

@@ -12,9 +12,9 @@
 //! - Keys compare byte-wise, in every query and index.
 //! - A backend records which later row of a key replaced each row, when
 //!   [`WriteTxn::insert_rows`] writes a row whose `prev_revision` names it: in the replaced row
-//!   (`superseded_by`, PostgreSQL and MySQL) or, so that the log stays append-only, in tables
-//!   of its own (SQLite: `kv_head` holds each key's newest row, `kv_replaced` the replacements
-//!   by the revision that made them). Reads at a revision and compaction rely on it, so a
+//!   (`superseded_by`, MySQL) or, so that the log stays append-only, in tables of its own
+//!   (SQLite and PostgreSQL: `kv_head` holds each key's newest row, `kv_replaced` the
+//!   replacements by the revision that made them). Reads at a revision and compaction rely on it, so a
 //!   backend never reads "each key's newest row" by searching the key's history: a read at the
 //!   current revision walks the newest rows in key order, a read at an older revision adds the
 //!   few rows replaced since, and the cost of both grows with the rows returned, not with the

@@ -47,7 +47,6 @@ pub enum Arg<'a> {
     Bytes(&'a [u8]),
     Text(Cow<'a, str>),
     Ints(Vec<i64>),
-    OptInts(Vec<Option<i64>>),
     Bools(Vec<bool>),
     Blobs(Vec<&'a [u8]>),
 }
@@ -108,7 +107,7 @@ where
         Arg::Bool(v) => args.add(v),
         Arg::Bytes(v) => args.add(v),
         Arg::Text(v) => args.add(v.as_ref()),
-        Arg::Ints(_) | Arg::OptInts(_) | Arg::Bools(_) | Arg::Blobs(_) => {
+        Arg::Ints(_) | Arg::Bools(_) | Arg::Blobs(_) => {
             return Err(
                 sqlx::Error::Protocol("this dialect takes no array arguments".into()).into(),
             );

@@ -33,12 +33,13 @@ pub struct Syntax {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Bookkeeping {
     /// In the replaced row itself (`superseded_by`, NULL while the row is its key's newest),
-    /// with indexes over it: PostgreSQL and MySQL, whose pages are large and whose updates
-    /// cheap next to their round trips.
+    /// with indexes over it: MySQL.
     InRow,
     /// In tables of their own that the writer only appends to or upserts (`kv_head`, each
     /// key's newest row; `kv_replaced`, keyed by the replacing revision), so the log itself is
-    /// append-only: SQLite, which writes every page a commit touches.
+    /// append-only: SQLite, which writes every page a commit touches, and PostgreSQL, which
+    /// would otherwise write a new version of the replaced row, value and index entries
+    /// included.
     Tables,
 }
 

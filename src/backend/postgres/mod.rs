@@ -502,7 +502,7 @@ impl Connector for Postgres {
     async fn defragment(&self) -> Result<()> {
         // A plain VACUUM marks dead rows' space for reuse and takes no lock that blocks reads
         // or writes; VACUUM FULL would return it to the system but lock the table throughout.
-        sqlx::query("VACUUM (ANALYZE) kv_log, leases, meta")
+        sqlx::query("VACUUM (ANALYZE) kv_log, kv_head, kv_replaced, leases, meta")
             .execute(&self.pool())
             .await?;
         Ok(())
@@ -551,7 +551,6 @@ impl ServerDialect for sqlx::Postgres {
     fn bind(args: &mut PgArguments, arg: Arg<'_>) -> Result<()> {
         let added = match arg {
             Arg::Ints(v) => args.add(v),
-            Arg::OptInts(v) => args.add(v),
             Arg::Bools(v) => args.add(v),
             Arg::Blobs(v) => args.add(v),
             scalar => return bind_scalar(args, scalar),

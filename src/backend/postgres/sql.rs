@@ -2,10 +2,10 @@
 //! whole batches passed as arrays (`unnest`), one statement per batch.
 
 use std::borrow::Cow;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::LazyLock;
 
-use crate::backend::core::{Arg, Sql, Stmt, Syntax, changes_query};
+use crate::backend::core::{Arg, Bookkeeping, Sql, Stmt, Syntax, changes_query};
 use crate::backend::{LogRow, RangeEnd, Scan};
 
 /// The NOTIFY channel that carries committed revisions (a macro so the statement below can
@@ -33,82 +33,101 @@ const SYNTAX: Syntax = Syntax {
     null_bytes: "NULL::bytea",
 };
 
-pub static SQL: LazyLock<Sql> = LazyLock::new(|| Sql {
-    // The live index holds no tombstones: the key's newest row by its (name, revision) index.
-    latest: Cow::Borrowed(concat!(
-        "SELECT ",
-        crate::log_columns!(),
-        " FROM kv_log WHERE name = $1 ORDER BY revision DESC LIMIT 1"
-    )),
-    append: Some(append),
-    ..Sql::common(&SYNTAX, scan, count, insert_rows, values_at)
-});
-
-/// "The row of each key in a range that is visible at revision `$rev`, if it is live": still
-/// the key's newest row (the `kv_log_live` index), or replaced after `$rev` (the
-/// `kv_log_superseded` index); see the SQLite dialect. PostgreSQL wants every parameter used, so
-/// each range shape numbers its own: `$1` is the start key, then the end key if there is one,
-/// then the revision (and the limit).
-macro_rules! visible_branches {
-    ($columns:expr, $range:literal, $rev:literal) => {
-        concat!(
-            "SELECT ",
-            $columns,
-            " FROM kv_log AS k WHERE ",
-            $range,
-            " AND k.superseded_by IS NULL AND NOT k.deleted AND k.revision <= ",
-            $rev,
-            " UNION ALL SELECT ",
-            $columns,
-            " FROM kv_log AS k WHERE ",
-            $range,
-            " AND k.superseded_by > ",
-            $rev,
-            " AND k.revision <= ",
-            $rev,
-            " AND NOT k.deleted"
-        )
+/// The log's columns of the row `k` up to the lease, in [`crate::log_columns`]' order.
+macro_rules! row_columns {
+    () => {
+        "k.revision, k.sub, k.name, k.created, k.deleted, k.create_revision, k.prev_revision, \
+         k.version, k.lease"
     };
 }
 
-/// The columns of a scan, `$value` being `k.value` or an empty value for keys-only scans.
+/// Joins the entry `x` (of `kv_head` or `kv_replaced`) to its row in the log.
+macro_rules! row_join {
+    () => {
+        " JOIN kv_log AS k ON k.name = x.name AND k.revision = x.revision"
+    };
+}
+
+/// What a scan returns of a row: `$value` for the value (`k.value`, or an empty value for
+/// keys-only scans), and no old value or old lease (a read answers with neither).
 macro_rules! scan_columns {
     ($value:literal) => {
         concat!(
-            "k.revision, k.sub, k.name, k.created, k.deleted, k.create_revision, \
-             k.prev_revision, k.version, k.lease, ",
+            row_columns!(),
+            ", ",
             $value,
-            " AS value, NULL::bytea AS old_value, k.old_lease"
+            " AS value, NULL::bytea, 0::bigint"
         )
     };
 }
 
-/// A scan in key order, at most `$limit` rows. Each branch is ordered and limited on its own: the
-/// live branch then walks its index for just `$limit` keys, where a plan for the union as a whole
-/// may sort every live key of the range (a seq scan of the table at a million keys).
+/// "The key and revision of each key in a range whose row visible at revision `$rev` is live":
+/// still the key's newest row (`kv_head`, whose tombstones the test on `deleted` drops), or
+/// replaced after `$rev` (`kv_replaced`, whose primary key starts with the replacing revision:
+/// a handful of entries when `$rev` is recent). PostgreSQL wants every parameter used, so each
+/// range shape numbers its own: `$1` is the start key, then the end key if there is one, then
+/// the revision (and the limit). `$tail` ends each branch (its order and limit).
+macro_rules! visible_branches {
+    ($columns:expr, $range:literal, $rev:literal, $tail:expr) => {
+        concat!(
+            "(SELECT ",
+            $columns,
+            " FROM kv_head AS x WHERE ",
+            $range,
+            " AND NOT x.deleted AND x.revision <= ",
+            $rev,
+            $tail,
+            ") UNION ALL (SELECT ",
+            $columns,
+            " FROM kv_replaced AS x WHERE x.superseded_by > ",
+            $rev,
+            " AND ",
+            $range,
+            " AND x.revision <= ",
+            $rev,
+            " AND NOT x.deleted",
+            $tail,
+            ")"
+        )
+    };
+}
+
+/// A scan in key order, at most `$limit` rows (NULL: all). Each branch is ordered and limited
+/// on its own, so the head branch walks its index for just `$limit` keys, where a plan for the
+/// union as a whole may sort every key of the range; only the rows within the limit are then
+/// looked up in the log.
 macro_rules! scan_sql {
     ($value:literal, $range:literal, $rev:literal, $limit:literal) => {
         concat!(
-            "(SELECT ",
+            "SELECT ",
             scan_columns!($value),
-            " FROM kv_log AS k WHERE ",
-            $range,
-            " AND k.superseded_by IS NULL AND NOT k.deleted AND k.revision <= ",
-            $rev,
-            " ORDER BY k.name LIMIT ",
+            " FROM (",
+            visible_branches!(
+                "x.name, x.revision",
+                $range,
+                $rev,
+                concat!(" ORDER BY x.name LIMIT ", $limit)
+            ),
+            " ORDER BY name LIMIT ",
             $limit,
-            ") UNION ALL (SELECT ",
-            scan_columns!($value),
-            " FROM kv_log AS k WHERE ",
-            $range,
-            " AND k.superseded_by > ",
-            $rev,
-            " AND k.revision <= ",
-            $rev,
-            " AND NOT k.deleted ORDER BY k.name LIMIT ",
-            $limit,
-            ") ORDER BY name LIMIT ",
-            $limit
+            ") AS x",
+            row_join!(),
+            " ORDER BY x.name"
+        )
+    };
+}
+
+/// One key at revision `$2`: its newest row at or below `$2`, by the (name, revision) index,
+/// if that row is not a tombstone. Rows above `$2` and older versions are not looked at; the
+/// row found cannot have been compacted, since it was replaced (if at all) after `$2`.
+macro_rules! single_key_sql {
+    ($columns:expr, $tail:literal) => {
+        concat!(
+            "SELECT ",
+            $columns,
+            " FROM (SELECT * FROM kv_log WHERE name = $1 AND revision <= $2 \
+             ORDER BY revision DESC LIMIT 1) AS k WHERE NOT k.deleted",
+            $tail
         )
     };
 }
@@ -117,7 +136,7 @@ macro_rules! count_sql {
     ($range:literal, $rev:literal) => {
         concat!(
             "SELECT COALESCE(SUM(n), 0)::bigint FROM (",
-            visible_branches!("COUNT(*) AS n", $range, $rev),
+            visible_branches!("COUNT(*) AS n", $range, $rev, ""),
             ") AS counts"
         )
     };
@@ -128,15 +147,15 @@ macro_rules! count_sql {
 /// then the revision and the limit (NULL for none).
 pub fn scan_query(end: &RangeEnd, keys_only: bool) -> &'static str {
     match (end, keys_only) {
-        (RangeEnd::Single, false) => scan_sql!("k.value", "k.name = $1", "$2", "$3"),
-        (RangeEnd::Single, true) => scan_sql!("''::bytea", "k.name = $1", "$2", "$3"),
-        (RangeEnd::Unbounded, false) => scan_sql!("k.value", "k.name >= $1", "$2", "$3"),
-        (RangeEnd::Unbounded, true) => scan_sql!("''::bytea", "k.name >= $1", "$2", "$3"),
+        (RangeEnd::Single, false) => single_key_sql!(scan_columns!("k.value"), " LIMIT $3"),
+        (RangeEnd::Single, true) => single_key_sql!(scan_columns!("''::bytea"), " LIMIT $3"),
+        (RangeEnd::Unbounded, false) => scan_sql!("k.value", "x.name >= $1", "$2", "$3"),
+        (RangeEnd::Unbounded, true) => scan_sql!("''::bytea", "x.name >= $1", "$2", "$3"),
         (RangeEnd::Before(_), false) => {
-            scan_sql!("k.value", "k.name >= $1 AND k.name < $2", "$3", "$4")
+            scan_sql!("k.value", "x.name >= $1 AND x.name < $2", "$3", "$4")
         }
         (RangeEnd::Before(_), true) => {
-            scan_sql!("''::bytea", "k.name >= $1 AND k.name < $2", "$3", "$4")
+            scan_sql!("''::bytea", "x.name >= $1 AND x.name < $2", "$3", "$4")
         }
     }
 }
@@ -145,11 +164,56 @@ pub fn scan_query(end: &RangeEnd, keys_only: bool) -> &'static str {
 /// without a limit.
 pub fn count_query(end: &RangeEnd) -> &'static str {
     match end {
-        RangeEnd::Single => count_sql!("k.name = $1", "$2"),
-        RangeEnd::Unbounded => count_sql!("k.name >= $1", "$2"),
-        RangeEnd::Before(_) => count_sql!("k.name >= $1 AND k.name < $2", "$3"),
+        RangeEnd::Single => single_key_sql!("COUNT(*)", ""),
+        RangeEnd::Unbounded => count_sql!("x.name >= $1", "$2"),
+        RangeEnd::Before(_) => count_sql!("x.name >= $1 AND x.name < $2", "$3"),
     }
 }
+
+pub static SQL: LazyLock<Sql> = LazyLock::new(|| Sql {
+    // The key's newest row by its (name, revision) index; a tombstone answers too.
+    latest: Cow::Borrowed(concat!(
+        "SELECT ",
+        crate::log_columns!(),
+        " FROM kv_log WHERE name = $1 ORDER BY revision DESC LIMIT 1"
+    )),
+    // No value: the writer's key index keeps none.
+    heads: Cow::Borrowed(concat!(
+        "SELECT ",
+        row_columns!(),
+        ", ''::bytea, NULL::bytea, k.old_lease FROM kv_head AS x",
+        row_join!()
+    )),
+    // The row is visible at the revision when it is the key's newest or was replaced after it.
+    lease_keys: Cow::Borrowed(concat!(
+        "SELECT ",
+        crate::log_columns!(),
+        " FROM kv_log AS k WHERE k.lease = $1 AND k.lease <> 0 AND k.revision <= $2 \
+          AND NOT k.deleted AND (\
+            EXISTS (SELECT 1 FROM kv_head AS h WHERE h.name = k.name AND h.revision = k.revision) \
+            OR EXISTS (SELECT 1 FROM kv_replaced AS r WHERE r.superseded_by > $3 \
+                       AND r.name = k.name AND r.revision = k.revision)) \
+          ORDER BY k.name"
+    )),
+    // The rows replaced in the window, each found by its key and revision.
+    compact_superseded: Cow::Borrowed(
+        "DELETE FROM kv_log AS k USING kv_replaced AS r \
+         WHERE r.superseded_by >= $1 AND r.superseded_by < $2 \
+         AND k.name = r.name AND k.revision = r.revision",
+    ),
+    forget_replaced: Some(Cow::Borrowed(
+        "DELETE FROM kv_replaced WHERE superseded_by >= $1 AND superseded_by < $2",
+    )),
+    // Before the tombstones go: they are found in the log by revision, then in kv_head by key.
+    forget_tombstones: Some(Cow::Borrowed(
+        "DELETE FROM kv_head WHERE name IN (SELECT name FROM kv_log \
+         WHERE deleted AND revision >= $1 AND revision < $2) \
+         AND deleted AND revision >= $1 AND revision < $2",
+    )),
+    bookkeeping: Bookkeeping::Tables,
+    append: Some(append),
+    ..Sql::common(&SYNTAX, scan, count, insert_rows, values_at)
+});
 
 /// The start key, and the end key only where the statement has a place for it.
 fn range<'a>(sql: &'static str, key: &'a [u8], end: &'a RangeEnd) -> Stmt<'a> {
@@ -174,37 +238,41 @@ fn column<'a, T>(rows: &'a [LogRow], f: impl Fn(&'a LogRow) -> T) -> Vec<T> {
     rows.iter().map(f).collect()
 }
 
-/// The INSERT of a batch's rows, each given as an array per column, `superseded_by` included.
+/// The parts of a batch's statement, each taking its rows as one array per column: the log's
+/// new rows; what each replaced (`kv_replaced`); and each key's newest row (`kv_head`).
 macro_rules! insert_unnest {
     () => {
         "INSERT INTO kv_log (revision, sub, name, created, deleted, create_revision, \
-         prev_revision, version, lease, value, old_lease, superseded_by) \
+         prev_revision, version, lease, value, old_lease) \
          SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::bytea[], $4::boolean[], \
          $5::boolean[], $6::bigint[], $7::bigint[], $8::bigint[], $9::bigint[], $10::bytea[], \
-         $11::bigint[], $12::bigint[])"
+         $11::bigint[])"
     };
 }
-
-/// The rest of [`insert_rows`]' statement: an UPDATE marking the older rows the new ones
-/// replace, given as arrays (empty when none).
-macro_rules! mark_replaced {
+macro_rules! insert_replaced {
     () => {
-        "UPDATE kv_log AS k SET superseded_by = u.revision \
-         FROM unnest($13::bigint[], $14::bytea[], $15::bigint[]) AS u(revision, name, prev) \
-         WHERE k.name = u.name AND k.revision = u.prev"
+        "INSERT INTO kv_replaced (superseded_by, name, revision, deleted) \
+         SELECT * FROM unnest($12::bigint[], $13::bytea[], $14::bigint[], $15::boolean[])"
+    };
+}
+macro_rules! upsert_heads {
+    () => {
+        "INSERT INTO kv_head (name, revision, deleted) \
+         SELECT * FROM unnest($16::bytea[], $17::bigint[], $18::boolean[]) \
+         ON CONFLICT (name) DO UPDATE SET revision = excluded.revision, \
+         deleted = excluded.deleted"
     };
 }
 
-/// A batch's rows in one statement, one round trip: the INSERT, and an UPDATE marking the older
-/// rows the new ones replace. The parts of one statement do not see each other's rows, so a
-/// row replaced by another row of the same call is inserted already marked, and the UPDATE
-/// names only rows written before.
+/// A batch's rows in one statement, one round trip.
 fn insert_rows(rows: &[LogRow]) -> Vec<Stmt<'_>> {
     let sql = concat!(
         "WITH inserted AS (",
         insert_unnest!(),
+        "), replaced AS (",
+        insert_replaced!(),
         ") ",
-        mark_replaced!()
+        upsert_heads!()
     );
     vec![rows_stmt(sql, rows)]
 }
@@ -215,30 +283,29 @@ fn append(rows: &[LogRow], current: i64) -> Vec<Stmt<'_>> {
         "WITH inserted AS (",
         insert_unnest!(),
         "), replaced AS (",
-        mark_replaced!(),
-        "), moved AS (UPDATE meta SET value = $16 WHERE name = 'current_revision') \
+        insert_replaced!(),
+        "), heads AS (",
+        upsert_heads!(),
+        "), moved AS (UPDATE meta SET value = $19 WHERE name = 'current_revision') \
          SELECT pg_notify('",
         commit_channel!(),
-        "', $16::text)"
+        "', $19::text)"
     );
     vec![rows_stmt(sql, rows).int(current)]
 }
 
-/// `sql` with the parameters `$1`..`$15` of [`insert_unnest`] and [`mark_replaced`] for `rows`.
+/// `sql` with the parameters `$1`..`$18` of [`insert_unnest`], [`insert_replaced`] and
+/// [`upsert_heads`] for `rows`.
 fn rows_stmt<'a>(sql: &'static str, rows: &'a [LogRow]) -> Stmt<'a> {
-    let successors: HashMap<(&[u8], i64), i64> = rows
-        .iter()
-        .filter(|r| r.prev_revision > 0)
-        .map(|r| ((r.key.as_slice(), r.prev_revision), r.revision))
-        .collect();
-    let here: HashSet<(&[u8], i64)> = rows
-        .iter()
-        .map(|r| (r.key.as_slice(), r.revision))
-        .collect();
-    let replacing: Vec<&LogRow> = rows
-        .iter()
-        .filter(|r| r.prev_revision > 0 && !here.contains(&(r.key.as_slice(), r.prev_revision)))
-        .collect();
+    // A row that follows one replaces it; the replaced row was a tombstone exactly when this
+    // one created the key again.
+    let replacing: Vec<&LogRow> = rows.iter().filter(|r| r.prev_revision > 0).collect();
+    // One entry per key, its last row's: an upsert may not change a row twice.
+    let mut last: HashMap<&[u8], &LogRow> = HashMap::with_capacity(rows.len());
+    for row in rows {
+        last.insert(row.key.as_slice(), row);
+    }
+    let heads: Vec<&LogRow> = last.into_values().collect();
     Stmt::new(sql)
         .arg(Arg::Ints(column(rows, |r| r.revision)))
         .arg(Arg::Ints(column(rows, |r| r.sub)))
@@ -251,16 +318,17 @@ fn rows_stmt<'a>(sql: &'static str, rows: &'a [LogRow]) -> Stmt<'a> {
         .arg(Arg::Ints(column(rows, |r| r.lease)))
         .arg(Arg::Blobs(column(rows, |r| r.value.as_slice())))
         .arg(Arg::Ints(column(rows, |r| r.old_lease)))
-        .arg(Arg::OptInts(column(rows, |r| {
-            successors.get(&(r.key.as_slice(), r.revision)).copied()
-        })))
         .arg(Arg::Ints(replacing.iter().map(|r| r.revision).collect()))
         .arg(Arg::Blobs(
-            replacing.iter().map(|&r| r.key.as_slice()).collect(),
+            replacing.iter().map(|r| r.key.as_slice()).collect(),
         ))
         .arg(Arg::Ints(
             replacing.iter().map(|r| r.prev_revision).collect(),
         ))
+        .arg(Arg::Bools(replacing.iter().map(|r| r.created).collect()))
+        .arg(Arg::Blobs(heads.iter().map(|r| r.key.as_slice()).collect()))
+        .arg(Arg::Ints(heads.iter().map(|r| r.revision).collect()))
+        .arg(Arg::Bools(heads.iter().map(|r| r.deleted).collect()))
 }
 
 /// The most revisions of changes a write transaction's [`opening`] reads: enough for what
