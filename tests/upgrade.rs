@@ -32,6 +32,32 @@ async fn events(stream: &mut WatchStream, want: usize) -> Vec<(EventType, String
     out
 }
 
+/// Migrates the store on `$pool` with the older migrations in `$old`, writes [`OLD_ROWS`] as
+/// `$select` gives them, and makes their last revision current, as the older release would have.
+macro_rules! old_store {
+    ($pool:expr, $old:expr, $select:expr) => {{
+        sqlx::migrate::Migrator::new($old.as_path())
+            .await
+            .unwrap()
+            .run(&$pool)
+            .await
+            .unwrap();
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "INSERT INTO kv_log (revision, sub, name, created, deleted, create_revision, \
+             prev_revision, version, lease, value, old_value, old_lease, superseded_by) {}",
+            $select
+        )))
+        .execute(&$pool)
+        .await
+        .unwrap();
+        sqlx::query("UPDATE meta SET value = 5 WHERE name = 'current_revision'")
+            .execute(&$pool)
+            .await
+            .unwrap();
+        $pool.close().await;
+    }};
+}
+
 #[tokio::test]
 async fn a_database_from_before_migration_0004_reads_and_watches_as_written() {
     // Rows then carried their old value and were indexed by name.
@@ -80,28 +106,16 @@ async fn a_postgres_database_from_before_migration_0006_reads_and_watches_as_wri
             "0005_fence.sql",
         ],
     );
-    sqlx::migrate::Migrator::new(old.as_path())
-        .await
-        .unwrap()
-        .run(&pool)
-        .await
-        .unwrap();
-    // The rows of `OLD_ROWS`, typed as PostgreSQL's log has them.
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "INSERT INTO kv_log (revision, sub, name, created, deleted, create_revision, \
-         prev_revision, version, lease, value, old_value, old_lease, superseded_by) \
-         SELECT column1, 0, convert_to(column2, 'UTF8'), column3::int::boolean, \
-         column4::int::boolean, column5, column6, column7, 0, convert_to(column8, 'UTF8'), \
-         convert_to(column9, 'UTF8'), 0, column10 FROM (VALUES {OLD_ROWS}) AS v"
-    )))
-    .execute(&pool)
-    .await
-    .unwrap();
-    sqlx::query("UPDATE meta SET value = 5 WHERE name = 'current_revision'")
-        .execute(&pool)
-        .await
-        .unwrap();
-    pool.close().await;
+    // The rows typed as PostgreSQL's log has them.
+    old_store!(
+        pool,
+        old,
+        format!(
+            "SELECT column1, 0, convert_to(column2, 'UTF8'), column3::int::boolean, \
+             column4::int::boolean, column5, column6, column7, 0, convert_to(column8, 'UTF8'), \
+             convert_to(column9, 'UTF8'), 0, column10 FROM (VALUES {OLD_ROWS}) AS v"
+        )
+    );
     reads_and_watches_as_written(dir.path(), &url).await;
 }
 
@@ -141,28 +155,16 @@ async fn sqlite_reads_and_watches_as_written(migrations: &[&str]) {
         dir.path().join("state.db").display()
     );
     let pool = sqlx::SqlitePool::connect(&url).await.unwrap();
-    sqlx::migrate::Migrator::new(old.as_path())
-        .await
-        .unwrap()
-        .run(&pool)
-        .await
-        .unwrap();
-    // The rows of `OLD_ROWS`; keys and values are blobs.
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "INSERT INTO kv_log (revision, sub, name, created, deleted, create_revision, \
-         prev_revision, version, lease, value, old_value, old_lease, superseded_by) \
-         SELECT column1, 0, CAST(column2 AS BLOB), column3, column4, column5, column6, \
-         column7, 0, CAST(column8 AS BLOB), CAST(column9 AS BLOB), 0, column10 FROM (VALUES \
-         {OLD_ROWS})"
-    )))
-    .execute(&pool)
-    .await
-    .unwrap();
-    sqlx::query("UPDATE meta SET value = 5 WHERE name = 'current_revision'")
-        .execute(&pool)
-        .await
-        .unwrap();
-    pool.close().await;
+    // Keys and values are blobs.
+    old_store!(
+        pool,
+        old,
+        format!(
+            "SELECT column1, 0, CAST(column2 AS BLOB), column3, column4, column5, column6, \
+             column7, 0, CAST(column8 AS BLOB), CAST(column9 AS BLOB), 0, column10 FROM (VALUES \
+             {OLD_ROWS})"
+        )
+    );
     reads_and_watches_as_written(dir.path(), &url).await;
     assert_eq!(
         page_size(&url).await,

@@ -324,7 +324,7 @@ impl Store {
             current: AtomicI64::new(start.current),
             compact: AtomicI64::new(start.compact),
         });
-        let values = ValueCache::new(VALUE_CACHE_BYTES);
+        let values = ValueCache::new(VALUE_CACHE_BYTES).backed_by(applied.clone());
         let (acks, committing) = mpsc::channel(1);
         tracker.spawn(run_writer(
             backend.clone(),

@@ -4,7 +4,10 @@
 //! answers with values; without this cache each batch asks the database for them in a query of
 //! its own before it can write. Keys that are written again soon after (Kubernetes updates the
 //! same objects over and over) find their value here instead. (Readers have their own values,
-//! in the applied index: these run ahead of what is durable.)
+//! in the applied index: these run ahead of what is durable.) What the cache lacks is looked up
+//! in the applied index before the database: its budget is larger (a key set whose values
+//! exceed this cache's budget is rewritten without a query when it fits there), and a value it
+//! holds for the wanted row is that row's.
 //!
 //! # Invariants
 //! - An entry `key → row at revision r` is exactly the committed row `(key, r)`: entries come
@@ -15,13 +18,16 @@
 //!   newest row as of the last recorded commit, which is at or after the published revision.
 //! - The writer's lookups name the revision they want (the key index's newest row), so an entry
 //!   that is no longer the key's newest row (a write failed after the index was reloaded) is a
-//!   miss, never a wrong answer.
+//!   miss, never a wrong answer. The applied index is asked by the same `(key, revision)`, and
+//!   holds a key's value only for the row its metadata names, so it answers the same or not at
+//!   all.
 //! - Memory is bounded: keys and values together stay within the budget; the entries written
 //!   longest ago are dropped first. Dropping an entry is always safe: it only makes a miss.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
+use super::applied::Applied;
 use crate::backend::LogRow;
 
 /// Bytes counted for an entry beyond its key and value (map slot, queue slot, allocations).
@@ -44,6 +50,8 @@ pub(crate) struct ValueCache {
     order: VecDeque<(Arc<[u8]>, i64)>,
     bytes: usize,
     budget: usize,
+    /// Asked for the rows the cache lacks.
+    applied: Option<Applied>,
 }
 
 /// Whether `key`'s entry is the row written at `revision` (an item of the write order that is
@@ -60,13 +68,24 @@ impl ValueCache {
             order: VecDeque::new(),
             bytes: 0,
             budget,
+            applied: None,
         }
     }
 
-    /// The value of row `(key, revision)`, if cached.
+    /// The cache, asking `applied` for what it lacks.
+    pub(crate) fn backed_by(self, applied: Applied) -> Self {
+        Self {
+            applied: Some(applied),
+            ..self
+        }
+    }
+
+    /// The value of row `(key, revision)`, if cached here or held by the applied index.
     pub(crate) fn get(&self, key: &[u8], revision: i64) -> Option<Vec<u8>> {
-        let entry = self.entries.get(key)?;
-        (entry.revision == revision).then(|| entry.value.clone())
+        match self.entries.get(key) {
+            Some(entry) if entry.revision == revision => Some(entry.value.clone()),
+            _ => self.applied.as_ref()?.value_at(key, revision),
+        }
     }
 
     /// Forgets every entry (the database may not be the one they came from).
@@ -183,6 +202,24 @@ mod tests {
         assert!(cache.get(b"k01", 5).is_some());
         assert!(cache.get(b"k04", 6).is_some());
         assert_eq!(cache.bytes, 3 * entry);
+    }
+
+    #[test]
+    fn a_miss_is_answered_by_the_applied_index_for_the_same_row_only() {
+        let applied = Applied::load(&[], 1, 1 << 20, 100);
+        let kv = crate::mvcc::types::KeyValue::from_row(put("a", 2, "v2"));
+        assert!(applied.apply(1, 2, [(&kv, false)]));
+        // Nothing cached here: the index's value of the row the writer names.
+        let cache = ValueCache::new(0).backed_by(applied.clone());
+        assert_eq!(cache.get(b"a", 2), Some(b"v2".to_vec()));
+        // Another revision of the key, or a key the index lacks: a miss, never a wrong value.
+        assert_eq!(cache.get(b"a", 3), None);
+        assert_eq!(cache.get(b"b", 2), None);
+        // An entry of its own wins, and a stale one falls through to the index.
+        let mut cache = ValueCache::new(1 << 20).backed_by(applied.clone());
+        cache.record(&[put("a", 1, "v1")]);
+        assert_eq!(cache.get(b"a", 1), Some(b"v1".to_vec()));
+        assert_eq!(cache.get(b"a", 2), Some(b"v2".to_vec()));
     }
 
     #[test]

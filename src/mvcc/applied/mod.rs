@@ -434,6 +434,17 @@ impl Applied {
         self.view().state.floor
     }
 
+    /// The value of the row `(key, revision)`, if that row is the key's live one here and its
+    /// value is held.
+    pub(crate) fn value_at(&self, key: &[u8], revision: i64) -> Option<Vec<u8>> {
+        let view = self.view();
+        let entry = view.state.keys.get(key)?;
+        if entry.meta.mod_revision != revision {
+            return None;
+        }
+        entry.value().map(|value| value.to_vec())
+    }
+
     /// How many keys the index holds, and what their held values cost in bytes.
     pub fn size(&self) -> (usize, usize) {
         let view = self.view();
