@@ -46,7 +46,7 @@ use crate::backend::{
 };
 use crate::lease::ExpiryObserver;
 use crate::mvcc::types::{KeyRange, OpResponse, RangeRequest, TxnResponse};
-use crate::mvcc::{CommitObserver, ReadStats, Store};
+use crate::mvcc::{CommitObserver, ReadStats, Store, WriteStats};
 
 /// The media type of [`Metrics::encode`]'s output.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -86,6 +86,11 @@ struct SourceLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabels {
+    outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct VersionLabels {
     server_version: String,
 }
@@ -122,6 +127,9 @@ struct Inner {
     lost_revisions: Counter,
     /// The store's lost revisions at the last scrape, which `lost_revisions` has counted.
     lost_seen: AtomicU64,
+    presumed_batches: Family<OutcomeLabels, Counter>,
+    /// The store's write counts at the last scrape, which `presumed_batches` has counted.
+    writes_seen: Mutex<WriteStats>,
 
     watch_streams: Gauge,
     watchers: Gauge,
@@ -351,6 +359,12 @@ impl Metrics {
             "Range reads by where they were answered: from memory alone (source=memory), or with SQL statements (source=sql)",
             range_reads.clone(),
         );
+        let presumed_batches = Family::<OutcomeLabels, Counter>::default();
+        r.register(
+            "etcdsql_write_presumed_batches",
+            "Write batches that presumed no other instance had committed since this one's last batch, and wrote in one statement: rightly (outcome=held), or wrongly, and ran again (outcome=rerun)",
+            presumed_batches.clone(),
+        );
         let lost_revisions = Counter::default();
         r.register(
             "etcdsql_failover_lost_revisions",
@@ -423,6 +437,8 @@ impl Metrics {
                 reads_seen: Mutex::new(ReadStats::default()),
                 lost_revisions,
                 lost_seen: AtomicU64::new(0),
+                presumed_batches,
+                writes_seen: Mutex::new(WriteStats::default()),
                 watch_streams,
                 watchers,
                 slow_watchers,
@@ -498,6 +514,16 @@ impl Metrics {
         ] {
             m.range_reads
                 .get_or_create(&SourceLabels { source })
+                .inc_by(now.saturating_sub(before));
+        }
+        let writes = store.write_stats();
+        let seen = std::mem::replace(&mut *lock(&m.writes_seen), writes);
+        for (outcome, now, before) in [
+            ("held", writes.presumed, seen.presumed),
+            ("rerun", writes.reruns, seen.reruns),
+        ] {
+            m.presumed_batches
+                .get_or_create(&OutcomeLabels { outcome })
                 .inc_by(now.saturating_sub(before));
         }
         let oldest = lock(&m.behind_since).values().min().copied();
@@ -1108,6 +1134,22 @@ impl Backend for InstrumentedBackend {
         Ok((Box::new(write), opening))
     }
 
+    /// Only takes a connection: the statements that follow run under their own labels.
+    async fn write_presuming(&self, current: i64) -> backend::Result<Option<Box<dyn WriteTxn>>> {
+        let inner = timed(
+            &self.metrics,
+            "begin_presumed",
+            self.inner.write_presuming(current),
+        )
+        .await?;
+        Ok(inner.map(|inner| {
+            Box::new(InstrumentedWrite {
+                inner,
+                metrics: self.metrics.clone(),
+            }) as Box<dyn WriteTxn>
+        }))
+    }
+
     async fn read_changes(
         &self,
         after: i64,
@@ -1329,8 +1371,9 @@ impl WriteTxn for InstrumentedWrite {
         .await
     }
 
-    async fn append(&mut self, rows: &[LogRow], current: i64) -> backend::Result<()> {
-        timed(&self.metrics, "append", self.inner.append(rows, current)).await
+    async fn append(&mut self, rows: &[LogRow], before: i64, current: i64) -> backend::Result<()> {
+        let append = self.inner.append(rows, before, current);
+        timed(&self.metrics, "append", append).await
     }
 
     async fn set_compact_revision(&mut self, revision: i64) -> backend::Result<()> {

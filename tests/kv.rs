@@ -1180,6 +1180,55 @@ async fn concurrent_writers_are_serialised_without_gaps() {
     server.stop().await;
 }
 
+/// A txn that writes and then reads a range through SQL puts its batch's rows into the database
+/// before the batch ends; the requests after it in the same batch are written with the rest at
+/// the end. Many clients mixing such txns with plain puts: every request is answered, each
+/// read sees its own txn's write, and revisions stay gapless.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn txns_reading_back_through_sql_share_batches_with_other_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(dir.path()).await;
+    let client = server.client().await;
+    let mut tasks = Vec::new();
+    for writer in 0..16 {
+        let mut c = client.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut revisions = Vec::new();
+            for k in 0..20_i64 {
+                let key = format!("mix/{writer}/{k:02}");
+                if writer % 2 == 1 {
+                    revisions.push(rev(c.put(key, "x", None).await.unwrap().header()));
+                    continue;
+                }
+                let prefix = format!("mix/{writer}/");
+                let txn = Txn::new().and_then([
+                    TxnOp::put(key, "x", None),
+                    TxnOp::get(
+                        prefix,
+                        Some(GetOptions::new().with_prefix().with_count_only()),
+                    ),
+                ]);
+                let out = c.txn(txn).await.unwrap();
+                let count = match &out.op_responses()[1] {
+                    TxnOpResponse::Get(get) => get.count(),
+                    other => panic!("unexpected response {other:?}"),
+                };
+                assert_eq!(count, k + 1, "writer {writer}'s read after write {k}");
+                revisions.push(rev(out.header()));
+            }
+            revisions
+        }));
+    }
+    let mut revisions = Vec::new();
+    for t in tasks {
+        revisions.extend(t.await.unwrap());
+    }
+    revisions.sort_unstable();
+    let expected: Vec<i64> = (2..2 + 16 * 20).collect();
+    assert_eq!(revisions, expected, "one revision per write");
+    server.stop().await;
+}
+
 /// A read that starts after a write was acknowledged sees that write, on another connection,
 /// while other writes keep landing (reads use the revision the writer published before it
 /// answered, not a snapshot of their own).

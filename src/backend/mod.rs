@@ -205,11 +205,20 @@ pub enum Error {
     Sync(std::io::Error),
     #[error("the data store is not empty: a backup restores only into an empty one")]
     NotEmpty,
+    /// A write transaction found the database past the revision its writer presumed (see
+    /// [`Backend::write_presuming`]): another process committed meanwhile. Nothing was written.
+    #[error("the database is past revision {presumed}: another process committed meanwhile")]
+    Moved { presumed: i64 },
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
 
 impl Error {
+    /// See [`Error::Moved`].
+    pub fn is_moved(&self) -> bool {
+        matches!(self, Error::Moved { .. })
+    }
+
     /// The database refused a row as too large for its index (PostgreSQL's
     /// `program_limit_exceeded`), which a shorter or more compressible key avoids.
     pub fn is_key_too_large(&self) -> bool {
@@ -266,6 +275,16 @@ pub trait Backend: Send + Sync + 'static {
     async fn read_changes(&self, after: i64, through: i64) -> Result<(Revisions, Vec<LogRow>)>;
     /// Opens the one write transaction; waits while another is open.
     async fn write(&self) -> Result<Box<dyn WriteTxn>>;
+    /// A write transaction for a writer that presumes the database's current revision is
+    /// `current`, as its own last commit left it: until a statement needs the transaction, none
+    /// is begun, and a batch's rows and revision ([`WriteTxn::append`]) then go in one
+    /// statement that takes the writers' lock, checks the presumption and writes, committing as
+    /// it returns (one round trip where an open transaction takes three). Whatever begins the
+    /// transaction, and a commit with nothing appended, checks it too. A wrong presumption
+    /// fails with [`Error::Moved`], having written nothing; `None`: the backend cannot presume.
+    async fn write_presuming(&self, _current: i64) -> Result<Option<Box<dyn WriteTxn>>> {
+        Ok(None)
+    }
     /// Opens the write transaction as [`Backend::write`] does and, where the backend can, reads
     /// in the same round trip what a writer whose key index is at revision `after` reads first:
     /// the revisions and the changes since `after`. `None`: the caller reads them itself.
@@ -357,8 +376,10 @@ pub trait WriteTxn: ReadTxn {
     async fn insert_rows(&mut self, rows: &[LogRow]) -> Result<()>;
     async fn set_current_revision(&mut self, revision: i64) -> Result<()>;
     /// [`WriteTxn::insert_rows`], then [`WriteTxn::set_current_revision`]: a batch's last
-    /// writes, which a backend may send in fewer round trips together.
-    async fn append(&mut self, rows: &[LogRow], current: i64) -> Result<()> {
+    /// writes, which a backend may send in fewer round trips together, checking that the
+    /// current revision is still `before`, the batch's first. A transaction not yet begun
+    /// ([`Backend::write_presuming`]) writes and commits here; its `commit` then ends it.
+    async fn append(&mut self, rows: &[LogRow], _before: i64, current: i64) -> Result<()> {
         self.insert_rows(rows).await?;
         self.set_current_revision(current).await
     }

@@ -248,6 +248,10 @@ fn release_freed_memory() {
 struct WriteCounters {
     batches: AtomicU64,
     requests: AtomicU64,
+    /// Batches that presumed the database was where this writer left it, and were right.
+    presumed: AtomicU64,
+    /// Batches that presumed so wrongly (another process had committed) and ran again.
+    reruns: AtomicU64,
     /// Told about every committed batch; a `OnceLock` so the writer reads it without a lock.
     observer: OnceLock<CommitObserver>,
     /// Handed every committed batch's rows (the watch hub).
@@ -274,10 +278,15 @@ pub struct ReadStats {
 }
 
 /// How many write requests the writer has committed, in how many database transactions.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct WriteStats {
     pub batches: u64,
     pub requests: u64,
+    /// Batches that presumed the database's revision and were right (PostgreSQL; see
+    /// `writer`'s presumed batches).
+    pub presumed: u64,
+    /// Batches that presumed it wrongly and ran again.
+    pub reruns: u64,
 }
 
 impl Store {
@@ -333,6 +342,7 @@ impl Store {
                 values,
                 applied: applied.clone(),
                 landed: landed.clone(),
+                stats: stats.clone(),
             },
             start,
             queue,
@@ -411,6 +421,8 @@ impl Store {
         WriteStats {
             batches: self.inner.stats.batches.load(Ordering::Relaxed),
             requests: self.inner.stats.requests.load(Ordering::Relaxed),
+            presumed: self.inner.stats.presumed.load(Ordering::Relaxed),
+            reruns: self.inner.stats.reruns.load(Ordering::Relaxed),
         }
     }
 

@@ -263,13 +263,16 @@ impl<'a> Batch<'a> {
         Ok(())
     }
 
-    /// Writes the rows still buffered once every request has ended and, if `current` is given,
-    /// moves the current revision there, together where the backend can.
-    pub(crate) async fn finish(&mut self, current: Option<i64>) -> Result<()> {
-        let Some(current) = current else {
+    /// Writes the rows still buffered once every request has ended and, if `moved` is given,
+    /// moves the current revision from its first revision (the batch's start) to its second,
+    /// together where the backend can.
+    pub(crate) async fn finish(&mut self, moved: Option<(i64, i64)>) -> Result<()> {
+        let Some((before, current)) = moved else {
             return self.flush().await;
         };
-        self.tx.append(&self.rows[self.flushed..], current).await?;
+        self.tx
+            .append(&self.rows[self.flushed..], before, current)
+            .await?;
         self.flushed = self.rows.len();
         Ok(())
     }

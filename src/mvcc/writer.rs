@@ -40,6 +40,19 @@
 //!   (PostgreSQL) are applied to the index, or it is reloaded if compaction may have removed
 //!   some of them. A writer with nothing to do takes other processes' commits in ahead of that,
 //!   from a read snapshot, so a batch under the cluster-wide lock reads only the few since.
+//!
+//! # Presumed batches
+//! On a shared database (PostgreSQL) the check above is a round trip under the cluster-wide
+//! lock, and most of the time it finds nothing: one instance takes the writes, or the only one
+//! runs. So after a batch that found no other process's commit, and while the applied index has
+//! seen none either, the next batch presumes the database is where this writer left it
+//! ([`Backend::write_presuming`]): it runs against the index as it is, and its rows go in one
+//! statement that takes the lock, checks the presumption and writes, as a transaction of its
+//! own. If another process committed meanwhile, that statement writes nothing, the batch's
+//! index changes are undone as for any failed batch, and the batch runs again from the start,
+//! reading the revisions first; its requests never see the failed run. The answers of a batch
+//! that wrote nothing (compares that failed) rest on the presumption too, so its commit checks
+//! the revision as well.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -102,12 +115,15 @@ pub(super) async fn run_writer(
         mut values,
         applied,
         landed,
+        stats,
     } = memory;
     let sole_writer = backend.sole_writer();
     // Whether the index is known to match the database: then a sole writer need not read the
     // revisions at the start of a batch. A failed batch may have committed after all (a lost
     // connection while committing), so the next one asks the database.
     let mut trusted = true;
+    // Whether the last batch found no commit of other processes (see `Begin::Presumed`).
+    let mut unshared = false;
     let mut compact = start.compact;
     let checked = backend.checked_key_bytes();
     let mut incoming = Vec::with_capacity(MAX_BATCH);
@@ -143,31 +159,60 @@ pub(super) async fn run_writer(
             None => backlog.len(),
         };
         let compacted = *compacted.borrow();
-        let known = (sole_writer && trusted).then(|| Revisions {
+        let own = Revisions {
             current: index.revision(),
             compact,
             ..Revisions::default()
-        });
+        };
+        let begin = if sole_writer && trusted {
+            Begin::Known(own)
+        } else if unshared && applied.revision() <= index.revision() {
+            Begin::Presumed(own)
+        } else {
+            Begin::Read
+        };
         let seen = (index.reloads(), index.catch_ups());
         let served = index.revision().max(applied.revision());
-        let mut outcomes = Vec::with_capacity(received);
-        let result = apply_batch(
-            backend.as_ref(),
-            &mut index,
-            &values,
-            (known, served),
-            compacted,
-            backlog.drain(..received),
-            &mut outcomes,
-        )
-        .await;
+        let jobs: Vec<WriteJob> = backlog.drain(..received).collect();
+        let memory = (&mut index, &values);
+        let mut result =
+            apply_batch(backend.as_ref(), memory, (begin, served), compacted, &jobs).await;
+        let moved = |e: &Error| matches!(e, Error::Backend(e) if e.is_moved());
+        if matches!(begin, Begin::Presumed(_)) && result.as_ref().is_err_and(moved) {
+            // Nothing was written; the batch runs again, after what the others committed.
+            tracing::debug!(
+                "another process committed before the presumed batch; running it again"
+            );
+            stats.reruns.fetch_add(1, Ordering::Relaxed);
+            let memory = (&mut index, &values);
+            result = apply_batch(
+                backend.as_ref(),
+                memory,
+                (Begin::Read, served),
+                compacted,
+                &jobs,
+            )
+            .await;
+        } else if matches!((begin, &result), (Begin::Presumed(_), Ok(_))) {
+            stats.presumed.fetch_add(1, Ordering::Relaxed);
+        }
         let result = match (result, checked) {
             (Err(Error::Backend(e)), Some(max)) if e.is_key_too_large() => {
                 Err(Error::KeyTooLong { max })
             }
             (result, _) => result,
         };
+        let (result, outcomes) = match result {
+            Ok((committed, answers)) => {
+                let outcomes = jobs.into_iter().zip(answers).map(Outcome::new).collect();
+                (Ok(committed), outcomes)
+            }
+            Err(e) => (Err(e), jobs.into_iter().map(Outcome::failed).collect()),
+        };
         trusted = result.is_ok();
+        // This process looks like the database's only writer while its batches find nothing
+        // committed by others: the next batch presumes so.
+        unshared = trusted && (index.reloads(), index.catch_ups()) == seen;
         // After a reload the database may not be the one the cached rows came from. Rows taken
         // in from elsewhere leave entries behind that are no longer their keys' newest: the
         // writer's lookups name revisions and miss them, but readers (sole writer only) would not.
@@ -223,6 +268,8 @@ pub(super) struct WriterMemory {
     pub(super) applied: Applied,
     /// The newest revision the writer has committed, set as soon as the database says so.
     pub(super) landed: Arc<AtomicI64>,
+    /// Where the writer counts its presumed batches.
+    pub(super) stats: Arc<WriteCounters>,
 }
 
 /// A batch the writer has run, on its way to its replies.
@@ -333,7 +380,20 @@ impl WriteJob {
 }
 
 impl Outcome {
-    /// An outcome for a job the batch never ran; replaced by the batch's error when sent.
+    /// A job with its answer.
+    fn new((job, answer): (WriteJob, Answer)) -> Self {
+        match (job, answer) {
+            (WriteJob::Txn { reply, .. }, Answer::Txn(answer)) => Outcome::Txn(reply, answer),
+            (WriteJob::Compact { reply, .. }, Answer::Compact(answer)) => {
+                Outcome::Compact(reply, answer)
+            }
+            (WriteJob::Lease { reply, .. }, Answer::Lease(answer)) => Outcome::Lease(reply, answer),
+            // Each job is answered in its own kind; this cannot happen.
+            (job, _) => Outcome::failed(job),
+        }
+    }
+
+    /// An outcome for a job whose batch failed; replaced by the batch's error when sent.
     fn failed(job: WriteJob) -> Self {
         match job {
             WriteJob::Txn { reply, .. } => Outcome::Txn(reply, Err(Error::ShuttingDown)),
@@ -379,38 +439,58 @@ struct Committed {
     others: Option<Opening>,
 }
 
-/// Applies the jobs in one transaction and commits it. The jobs' answers are pushed to
-/// `outcomes` as they run, but they stand only if this returns `Ok`. The key index follows the
-/// database: after `Ok` it holds the batch's changes, after `Err` none of them. `known` is the
-/// database's state if the caller knows it; otherwise it is read inside the transaction. The
-/// batch writes nothing if the database is below `served`, the highest revision this process
-/// has committed or shown ([`super::fence`]).
+/// How a batch's transaction learns the database's revisions.
+#[derive(Clone, Copy, Debug)]
+enum Begin {
+    /// They are known: this process is the only writer, and its last batch committed.
+    Known(Revisions),
+    /// They are presumed: this process looked like the only writer in its last batch. The
+    /// backend checks as the batch writes, and fails it with `Moved` if another process
+    /// committed meanwhile ([`Backend::write_presuming`]); the batch then runs again.
+    Presumed(Revisions),
+    /// They are read as the transaction begins.
+    Read,
+}
+
+/// What one job of a batch answers, if the batch commits.
+enum Answer {
+    Txn(Result<Revisioned<TxnResponse>>),
+    Compact(Result<i64>),
+    Lease(Result<Revisioned<LeaseOutcome>>),
+}
+
+/// Applies the jobs in one transaction and commits it; on success, each job's answer in order.
+/// The key index follows the database: after `Ok` it holds the batch's changes, after `Err`
+/// none of them. The batch writes nothing if the database is below `served`, the highest
+/// revision this process has committed or shown ([`super::fence`]).
 async fn apply_batch(
     backend: &dyn Backend,
-    index: &mut KeyIndex,
-    values: &ValueCache,
-    (known, served): (Option<Revisions>, i64),
+    (index, values): (&mut KeyIndex, &ValueCache),
+    (begin, served): (Begin, i64),
     compacted: i64,
-    jobs: impl Iterator<Item = WriteJob>,
-    outcomes: &mut Vec<Outcome>,
-) -> BatchResult {
-    let jobs: Vec<WriteJob> = jobs.collect();
-    let opened = match known {
-        Some(_) => backend.write().await.map(|tx| (tx, None)),
-        None => backend.write_from(index.revision()).await,
+    jobs: &[WriteJob],
+) -> std::result::Result<(Committed, Vec<Answer>), Error> {
+    let opened = match begin {
+        Begin::Known(known) => backend.write().await.map(|tx| (tx, None, Some(known))),
+        Begin::Presumed(presumed) => match backend.write_presuming(presumed.current).await {
+            Ok(Some(tx)) => Ok((tx, None, Some(presumed))),
+            Ok(None) => backend
+                .write_from(index.revision())
+                .await
+                .map(|(tx, opening)| (tx, opening, None)),
+            Err(e) => Err(e),
+        },
+        Begin::Read => backend
+            .write_from(index.revision())
+            .await
+            .map(|(tx, opening)| (tx, opening, None)),
     };
-    let (tx, opening) = match opened {
-        Ok(opened) => opened,
-        Err(e) => {
-            outcomes.extend(jobs.into_iter().map(Outcome::failed));
-            return Err(e.into());
-        }
-    };
-    let mut pending = jobs.into_iter();
+    let (tx, opening, known) = opened?;
     let mut batch = Batch::new(tx, index, values);
     // Where the batch's own changes to the index begin (after bringing it up to date).
     let mut batch_mark = None;
     let mut others = None;
+    let mut answers = Vec::with_capacity(jobs.len());
     let step: BatchResult = async {
         let start = match (known, &opening) {
             (Some(known), _) => known,
@@ -425,21 +505,21 @@ async fn apply_batch(
         }
         others = batch.sync_index(start, compacted, opening).await?;
         batch_mark = Some(batch.index.mark());
-        let txns = pending.as_slice().iter().filter_map(|job| match job {
+        let txns = jobs.iter().filter_map(|job| match job {
             WriteJob::Txn { req, .. } => Some(req),
             WriteJob::Compact { .. } | WriteJob::Lease { .. } => None,
         });
         batch.prefetch(txns).await?;
         let (mut current, mut compact) = (start.current, start.compact);
         let mut compact_moved = None;
-        for job in pending.by_ref() {
-            match job {
-                WriteJob::Txn { req, reply } => {
+        for job in jobs {
+            let answer = match job {
+                WriteJob::Txn { req, .. } => {
                     batch.begin_request();
                     let mut exec = TxnExec::new(&mut batch, current, compact);
-                    let answer = exec.run(&req).await;
+                    let answer = exec.run(req).await;
                     let wrote = exec.wrote();
-                    let answer = match answer {
+                    Answer::Txn(match answer {
                         Ok(value) => {
                             batch.end_request(false).await?;
                             if wrote {
@@ -450,57 +530,49 @@ async fn apply_batch(
                                 value,
                             })
                         }
-                        Err(e) if e.fails_batch() => {
-                            outcomes.push(Outcome::Txn(reply, Err(Error::ShuttingDown)));
-                            return Err(e);
-                        }
+                        Err(e) if e.fails_batch() => return Err(e),
                         Err(e) => {
                             batch.end_request(true).await?;
                             Err(e)
                         }
-                    };
-                    outcomes.push(Outcome::Txn(reply, answer));
+                    })
                 }
-                WriteJob::Lease { op, reply } => {
+                WriteJob::Lease { op, .. } => {
                     batch.begin_request();
                     let before = current;
-                    let answer = match apply_lease(&mut batch, &op, &mut current, compact).await {
-                        Ok(value) => {
-                            batch.end_request(false).await?;
-                            Ok(Revisioned {
-                                revision: current,
-                                value,
-                            })
-                        }
-                        Err(e) if e.fails_batch() => {
-                            outcomes.push(Outcome::Lease(reply, Err(Error::ShuttingDown)));
-                            return Err(e);
-                        }
-                        Err(e) => {
-                            batch.end_request(true).await?;
-                            current = before;
-                            Err(e)
-                        }
-                    };
-                    outcomes.push(Outcome::Lease(reply, answer));
+                    Answer::Lease(
+                        match apply_lease(&mut batch, op, &mut current, compact).await {
+                            Ok(value) => {
+                                batch.end_request(false).await?;
+                                Ok(Revisioned {
+                                    revision: current,
+                                    value,
+                                })
+                            }
+                            Err(e) if e.fails_batch() => return Err(e),
+                            Err(e) => {
+                                batch.end_request(true).await?;
+                                current = before;
+                                Err(e)
+                            }
+                        },
+                    )
                 }
-                WriteJob::Compact { revision, reply } => {
-                    let answer = if revision <= compact {
-                        Err(Error::Compacted)
-                    } else if revision > current {
-                        Err(Error::FutureRevision)
-                    } else {
-                        batch.tx.set_compact_revision(revision).await?;
-                        compact = revision;
-                        compact_moved = Some(revision);
-                        Ok(current)
-                    };
-                    outcomes.push(Outcome::Compact(reply, answer));
-                }
-            }
+                WriteJob::Compact { revision, .. } => Answer::Compact(if *revision <= compact {
+                    Err(Error::Compacted)
+                } else if *revision > current {
+                    Err(Error::FutureRevision)
+                } else {
+                    batch.tx.set_compact_revision(*revision).await?;
+                    compact = *revision;
+                    compact_moved = Some(*revision);
+                    Ok(current)
+                }),
+            };
+            answers.push(answer);
         }
         batch
-            .finish((current != start.current).then_some(current))
+            .finish((current != start.current).then_some((start.current, current)))
             .await?;
         Ok(Committed {
             before: start.current,
@@ -531,10 +603,7 @@ async fn apply_batch(
             }
         }
     }
-    committed.inspect_err(|_| {
-        // Jobs the failed batch never reached are answered with the same failure.
-        outcomes.extend(pending.map(Outcome::failed));
-    })
+    committed.map(|committed| (committed, answers))
 }
 
 /// Applies one lease change inside the writer's transaction; moves `current` past every

@@ -25,7 +25,9 @@ use std::path::Path;
 
 use async_trait::async_trait;
 
-pub use server::{Begun, KeptConnection, ServerDialect, ServerSession, bound, pool_options};
+pub use server::{
+    Begun, KeptConnection, Presumed, ServerDialect, ServerSession, bound, pool_options,
+};
 pub use statements::{
     Bookkeeping, Sql, Syntax, changes_query, insert_chunks, mark_superseded, number_placeholders,
     push_tuples, values_chunks,
@@ -191,6 +193,15 @@ pub fn decode_revisions<'a, R: Columns + 'a>(
     Ok(revisions)
 }
 
+/// What a [`Session::append`] statement's `rows` say: whether it wrote, or found the database's
+/// current revision other than `before`.
+fn appended<R>(rows: &[R], before: i64) -> Result<()> {
+    match rows.is_empty() {
+        true => Err(crate::backend::Error::Moved { presumed: before }),
+        false => Ok(()),
+    }
+}
+
 /// One connection's worth of statements: a transaction, or single statements outside one.
 #[async_trait]
 pub trait Session: Send + 'static {
@@ -205,6 +216,11 @@ pub trait Session: Send + 'static {
     /// next statement or the commit, in one round trip.
     async fn queue(&mut self, stmt: Stmt<'_>) -> Result<()> {
         self.execute(stmt).await.map(drop)
+    }
+    /// Runs a batch's [`Sql::append`] statement, which returns a row when it wrote and none
+    /// when the database's current revision was not `before`, the batch's first.
+    async fn append(&mut self, stmt: Stmt<'_>, before: i64) -> Result<()> {
+        appended(&self.fetch(stmt).await?, before)
     }
     /// Commits a transaction; a session outside a transaction just ends.
     async fn commit(self) -> Result<()>;
@@ -230,6 +246,10 @@ pub trait Connector: Send + Sync + 'static {
     /// See [`Backend::write_from`].
     async fn write_from(&self, _after: i64) -> Result<(Self::Session, Option<Opening>)> {
         Ok((self.write().await?, None))
+    }
+    /// See [`Backend::write_presuming`].
+    async fn write_presuming(&self, _current: i64) -> Result<Option<Self::Session>> {
+        Ok(None)
     }
     /// A session like `read_unpinned`'s for [`Backend::revisions`], which the revision probe
     /// calls one at a time and as often as reads come.
@@ -323,6 +343,11 @@ impl<C: Connector> Backend for SqlBackend<C> {
     async fn write_from(&self, after: i64) -> Result<(Box<dyn WriteTxn>, Option<Opening>)> {
         let (session, opening) = self.0.write_from(after).await?;
         Ok((Box::new(SqlTxn(session)), opening))
+    }
+
+    async fn write_presuming(&self, current: i64) -> Result<Option<Box<dyn WriteTxn>>> {
+        let session = self.0.write_presuming(current).await?;
+        Ok(session.map(|session| Box::new(SqlTxn(session)) as Box<dyn WriteTxn>))
     }
 
     async fn cluster_id(&self) -> Result<u64> {

@@ -57,6 +57,92 @@ pub enum ServerSession<DB: Database> {
     Begun(Begun<DB>),
     Single(PoolConnection<DB>),
     Kept(OwnedMappedMutexGuard<Slot<DB>, Kept<DB>>),
+    Presumed(Presumed<DB>),
+}
+
+/// A write transaction not begun yet, for a writer that presumes the current revision
+/// ([`crate::backend::Backend::write_presuming`]). The first statement that needs the
+/// transaction begins it, and a batch's append that comes first runs as a transaction of its
+/// own; either checks the presumption under the writers' lock.
+pub struct Presumed<DB: Database> {
+    /// Not open until [`Stage::Begun`].
+    tx: Begun<DB>,
+    stage: Stage,
+    /// The current revision presumed.
+    current: i64,
+    /// A simple query that begins the transaction, takes the writers' lock and then reads the
+    /// revisions ([`Sql::revisions`]), whose rows are the only ones with two columns.
+    begin: &'static str,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Stage {
+    /// Nothing sent yet.
+    Waiting,
+    /// The transaction is open, and the presumption held.
+    Begun,
+    /// The append ran as a transaction of its own and committed.
+    Written,
+}
+
+impl<DB: Database> Presumed<DB> {
+    pub fn new(conn: PoolConnection<DB>, current: i64, begin: &'static str) -> Self {
+        Self {
+            tx: Begun { conn, open: false },
+            stage: Stage::Waiting,
+            current,
+            begin,
+        }
+    }
+
+    /// An error unless the database's revisions, as `rows` hold them, are the presumed ones.
+    fn check<'a, R: Columns + 'a>(&self, rows: impl IntoIterator<Item = &'a R>) -> Result<()> {
+        match super::decode_revisions(rows)?.current {
+            current if current == self.current => Ok(()),
+            _ => Err(crate::backend::Error::Moved {
+                presumed: self.current,
+            }),
+        }
+    }
+}
+
+impl<DB> Presumed<DB>
+where
+    DB: ServerDialect,
+    DB::Row: Columns,
+    DB::Arguments: sqlx::IntoArguments<DB>,
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+{
+    /// Begins the transaction, unless that was done.
+    async fn begin(&mut self) -> Result<()> {
+        if self.stage != Stage::Waiting {
+            return Ok(());
+        }
+        // From here a failure leaves the transaction's state unknown: the connection is closed.
+        self.tx.open = true;
+        let rows = sqlx::raw_sql(AssertSqlSafe(self.begin))
+            .fetch_all(self.tx.conn())
+            .await?;
+        self.check(rows.iter().filter(|row| sqlx::Row::len(*row) == 2))?;
+        self.stage = Stage::Begun;
+        Ok(())
+    }
+
+    async fn commit(mut self) -> Result<()> {
+        match self.stage {
+            Stage::Begun => self.tx.commit().await,
+            Stage::Written => Ok(()),
+            // Nothing was written, but what the writer answered rests on the presumption:
+            // it holds if the revisions, read after the answers were made, still say so.
+            Stage::Waiting => {
+                let (sql, args) = bound(Stmt::new(&*DB::sql().revisions), DB::bind)?;
+                let rows = sqlx::query_with(sql, args)
+                    .fetch_all(self.tx.conn())
+                    .await?;
+                self.check(&rows)
+            }
+        }
+    }
 }
 
 /// A transaction begun by hand on a pooled connection, so that its BEGIN travels with its first
@@ -115,6 +201,21 @@ impl<DB: Database> ServerSession<DB> {
                 kept.unsettled = true;
                 &mut kept.conn
             }
+            ServerSession::Presumed(presumed) => presumed.tx.conn(),
+        }
+    }
+
+    /// Begins a presumed transaction that a statement now needs.
+    async fn begin_presumed(&mut self) -> Result<()>
+    where
+        DB: ServerDialect,
+        DB::Row: Columns,
+        DB::Arguments: sqlx::IntoArguments<DB>,
+        for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+    {
+        match self {
+            ServerSession::Presumed(presumed) => presumed.begin().await,
+            _ => Ok(()),
         }
     }
 
@@ -253,6 +354,7 @@ where
     }
 
     async fn fetch(&mut self, stmt: Stmt<'_>) -> Result<Vec<DB::Row>> {
+        self.begin_presumed().await?;
         let (sql, args) = bound(stmt, DB::bind)?;
         let rows = sqlx::query_with(sql, args).fetch_all(self.conn()).await?;
         self.settled();
@@ -260,16 +362,34 @@ where
     }
 
     async fn execute(&mut self, stmt: Stmt<'_>) -> Result<u64> {
+        self.begin_presumed().await?;
         let (sql, args) = bound(stmt, DB::bind)?;
         let done = sqlx::query_with(sql, args).execute(self.conn()).await?;
         self.settled();
         Ok(DB::rows_affected(&done))
     }
 
+    async fn append(&mut self, stmt: Stmt<'_>, before: i64) -> Result<()> {
+        let rows = match self {
+            ServerSession::Presumed(presumed) if presumed.stage == Stage::Waiting => {
+                // The statement is the whole transaction: it commits as it returns.
+                let (sql, args) = bound(stmt, DB::bind)?;
+                let rows = sqlx::query_with(sql, args)
+                    .fetch_all(presumed.tx.conn())
+                    .await?;
+                presumed.stage = Stage::Written;
+                rows
+            }
+            _ => self.fetch(stmt).await?,
+        };
+        super::appended(&rows, before)
+    }
+
     async fn commit(self) -> Result<()> {
         match self {
             ServerSession::Tx(tx) => Ok(tx.commit().await?),
             ServerSession::Begun(begun) => begun.commit().await,
+            ServerSession::Presumed(presumed) => presumed.commit().await,
             ServerSession::Single(_) | ServerSession::Kept(_) => Ok(()),
         }
     }

@@ -135,11 +135,11 @@ impl<S: Session> WriteTxn for SqlTxn<S> {
         self.0.queue(stmt).await
     }
 
-    async fn append(&mut self, rows: &[LogRow], current: i64) -> Result<()> {
+    async fn append(&mut self, rows: &[LogRow], before: i64, current: i64) -> Result<()> {
         match self.0.sql().append {
             Some(append) if !rows.is_empty() => {
-                for stmt in append(rows, current) {
-                    self.0.queue(stmt).await?;
+                for stmt in append(rows, before, current) {
+                    self.0.append(stmt, before).await?;
                 }
                 Ok(())
             }

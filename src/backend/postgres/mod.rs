@@ -19,6 +19,12 @@
 //! to send them with the COMMIT in one simple query, was measured: PostgreSQL's parsing of the
 //! hex cost more than the round trip saved, 28-35% of one instance's throughput.)
 //!
+//! A writer that found no other instance's commits in its last batch presumes there are none
+//! ([`crate::backend::Backend::write_presuming`]): its next batch's rows go in one statement
+//! outside any transaction, which takes the lock, moves the current revision only if it is
+//! still the presumed one, writes the rows only if it moved, and commits as it returns. One
+//! round trip holds the lock instead of three.
+//!
 //! # Reads
 //! Read transactions are `REPEATABLE READ READ ONLY`: one snapshot for the revisions and the
 //! rows they return. A read that starts after a write was acknowledged by any process sees it.
@@ -36,6 +42,7 @@
 //! (`crate::mvcc`).
 
 mod primary;
+#[macro_use]
 mod sql;
 
 use std::time::Duration;
@@ -46,12 +53,12 @@ use sqlx::{Arguments, AssertSqlSafe, ConnectOptions, Row, Transaction};
 use tokio::sync::watch;
 
 use primary::{Endpoint, SessionAttrs};
-use sql::COMMIT_CHANNEL;
+use sql::{BEGIN_LOCKED, COMMIT_CHANNEL};
 pub use sql::{count_query, scan_query};
 
 use super::core::{
-    Arg, Begun, Connector, KeptConnection, ServerDialect, ServerSession, Sql, bind_scalar,
-    changes_query, decode_revisions, decode_row, pool_options,
+    Arg, Begun, Connector, KeptConnection, Presumed, ServerDialect, ServerSession, Sql,
+    bind_scalar, changes_query, decode_revisions, decode_row, pool_options,
 };
 
 /// A session on the PostgreSQL pool.
@@ -78,12 +85,6 @@ const WRITER_LOCK: i64 = 0x65_7463_6473_716c;
 ///   instances fell to tens of requests per second.
 const SESSION_SETTINGS: &str = "SET plan_cache_mode = force_custom_plan; SET jit = off; \
      SET max_parallel_workers_per_gather = 0";
-
-/// A write transaction's start: BEGIN and the writers' lock go as one simple query, one round
-/// trip rather than two (the lock's key spelled out, as a simple query takes no parameters).
-/// The lock is taken before any statement reads: in READ COMMITTED each later statement's
-/// snapshot then holds every commit of the writers before.
-const BEGIN_LOCKED: &str = "BEGIN; SELECT pg_advisory_xact_lock(28556942883647852)";
 
 pub struct Postgres {
     /// The pool of the primary in use; replaced when a failover moves the primary
@@ -463,7 +464,7 @@ impl Connector for Postgres {
     /// three, all of them under the writers' lock: the lock is held for the round trip that
     /// takes it and the ones that write, no more.
     async fn write_from(&self, after: i64) -> Result<(PgSession, Option<Opening>)> {
-        let query = sql::opening(WRITER_LOCK, after);
+        let query = sql::opening(after);
         let (begun, revisions, changes) = self.begin_with_reads(query).await?;
         let opening = Opening {
             revisions,
@@ -474,6 +475,14 @@ impl Connector for Postgres {
                 .min(after.saturating_add(sql::OPENING_CHANGES)),
         };
         Ok((PgSession::Begun(begun), Some(opening)))
+    }
+
+    /// Takes a connection only: [`crate::backend::Backend::write_presuming`] says what runs
+    /// on it.
+    async fn write_presuming(&self, current: i64) -> Result<Option<PgSession>> {
+        let conn = self.pool().acquire().await?;
+        let presumed = Presumed::new(conn, current, sql::BEGIN_CHECKED.as_str());
+        Ok(Some(PgSession::Presumed(presumed)))
     }
 
     async fn probe(&self) -> Result<PgSession> {
@@ -573,5 +582,6 @@ mod tests {
             .strip_prefix("BEGIN; SELECT pg_advisory_xact_lock(")
             .and_then(|rest| rest.strip_suffix(')'));
         assert_eq!(key, Some(WRITER_LOCK.to_string().as_str()));
+        assert_eq!(writer_lock!(), WRITER_LOCK.to_string());
     }
 }

@@ -17,6 +17,20 @@ macro_rules! commit_channel {
 }
 pub const COMMIT_CHANNEL: &str = commit_channel!();
 
+/// The writers' advisory lock key ([`super::WRITER_LOCK`]) spelled out, for the statements
+/// that take the lock.
+macro_rules! writer_lock {
+    () => {
+        "28556942883647852"
+    };
+}
+
+/// A write transaction's start: BEGIN and the writers' lock go as one simple query, one round
+/// trip rather than two (the lock's key spelled out, as a simple query takes no parameters).
+/// The lock is taken before any statement reads: in READ COMMITTED each later statement's
+/// snapshot then holds every commit of the writers before.
+pub const BEGIN_LOCKED: &str = concat!("BEGIN; SELECT pg_advisory_xact_lock(", writer_lock!(), ")");
+
 const SYNTAX: Syntax = Syntax {
     numbered: true,
     insert_ignore: ("INSERT INTO", " ON CONFLICT DO NOTHING"),
@@ -257,10 +271,16 @@ macro_rules! insert_replaced {
 }
 macro_rules! upsert_heads {
     () => {
-        "INSERT INTO kv_head (name, revision, deleted) \
-         SELECT * FROM unnest($16::bytea[], $17::bigint[], $18::boolean[]) \
-         ON CONFLICT (name) DO UPDATE SET revision = excluded.revision, \
-         deleted = excluded.deleted"
+        upsert_heads!("")
+    };
+    ($filter:literal) => {
+        concat!(
+            "INSERT INTO kv_head (name, revision, deleted) \
+             SELECT * FROM unnest($16::bytea[], $17::bigint[], $18::boolean[])",
+            $filter,
+            " ON CONFLICT (name) DO UPDATE SET revision = excluded.revision, \
+             deleted = excluded.deleted"
+        )
     };
 }
 
@@ -277,21 +297,28 @@ fn insert_rows(rows: &[LogRow]) -> Vec<Stmt<'_>> {
     vec![rows_stmt(sql, rows)]
 }
 
-/// [`insert_rows`], the new current revision and its NOTIFY, all in one statement.
-fn append(rows: &[LogRow], current: i64) -> Vec<Stmt<'_>> {
+/// [`insert_rows`], the new current revision and its NOTIFY, all in one statement, which can
+/// be a transaction of its own: it takes the writers' lock and writes only if the current
+/// revision is still `$20`, the one the batch began at. Its statement's snapshot may be older than
+/// the lock, but the update of the current revision tests the newest version of the row (READ
+/// COMMITTED rechecks a row that a transaction committed since the snapshot), and every other
+/// part writes only the rows that update returns: one, or none if another writer committed.
+fn append(rows: &[LogRow], before: i64, current: i64) -> Vec<Stmt<'_>> {
     let sql = concat!(
-        "WITH inserted AS (",
+        "WITH locked AS (SELECT pg_advisory_xact_lock(",
+        writer_lock!(),
+        ")), moved AS (UPDATE meta SET value = $19 WHERE name = 'current_revision' \
+         AND value = $20 AND EXISTS (SELECT FROM locked) RETURNING value), inserted AS (",
         insert_unnest!(),
-        "), replaced AS (",
+        " WHERE EXISTS (SELECT FROM moved)), replaced AS (",
         insert_replaced!(),
-        "), heads AS (",
-        upsert_heads!(),
-        "), moved AS (UPDATE meta SET value = $19 WHERE name = 'current_revision') \
-         SELECT pg_notify('",
+        " WHERE EXISTS (SELECT FROM moved)), heads AS (",
+        upsert_heads!(" WHERE EXISTS (SELECT FROM moved)"),
+        ") SELECT pg_notify('",
         commit_channel!(),
-        "', $19::text)"
+        "', value::text) FROM moved"
     );
-    vec![rows_stmt(sql, rows).int(current)]
+    vec![rows_stmt(sql, rows).int(current).int(before)]
 }
 
 /// `sql` with the parameters `$1`..`$18` of [`insert_unnest`], [`insert_replaced`] and
@@ -337,19 +364,24 @@ fn rows_stmt<'a>(sql: &'static str, rows: &'a [LogRow]) -> Stmt<'a> {
 pub const OPENING_CHANGES: i64 = 1024;
 
 /// A write transaction's first round trip, as one simple query (which takes no parameters, so
-/// `lock` and `after` are spelled out): BEGIN and the writers' lock; then, seeing every commit of
-/// the writers before, the revisions and the changes of up to [`OPENING_CHANGES`] revisions
-/// after `after`, as [`Sql::changes`] reads them (values and old values included).
-pub fn opening(lock: i64, after: i64) -> String {
+/// `after` is spelled out): [`BEGIN_LOCKED`]; then, seeing every commit of the writers before,
+/// the revisions and the changes of up to [`OPENING_CHANGES`] revisions after `after`, as
+/// [`Sql::changes`] reads them (values and old values included).
+pub fn opening(after: i64) -> String {
     format!(
-        "BEGIN; SELECT pg_advisory_xact_lock({lock}); {revisions}; {changes}",
-        revisions = SQL.revisions,
+        "{}; {changes}",
+        *BEGIN_CHECKED,
         changes = changes_query(
             &after.to_string(),
             &after.saturating_add(OPENING_CHANGES).to_string()
         ),
     )
 }
+
+/// [`BEGIN_LOCKED`], then the revisions: how a presumed write transaction begins, and checks
+/// what it presumed.
+pub static BEGIN_CHECKED: LazyLock<String> =
+    LazyLock::new(|| format!("{BEGIN_LOCKED}; {}", SQL.revisions));
 
 fn values_at<'a>(rows: &[(&'a [u8], i64)]) -> Vec<Stmt<'a>> {
     // ORDINALITY counts from 1.
