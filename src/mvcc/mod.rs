@@ -191,6 +191,9 @@ struct Inner {
     /// The newest revision the writer has committed, moved before the batch is synced and
     /// handed to the watch hub (see [`Store::landed`]).
     landed: Arc<AtomicI64>,
+    /// The revision the writer's batch in flight moves the database to, once it has
+    /// written its rows (0: none); see [`Store::landing`].
+    landing: watch::Receiver<i64>,
     stats: Arc<WriteCounters>,
     /// Set when the backend says this process is its only writer: `published` is then the
     /// database's state, and reads use it instead of a snapshot.
@@ -324,6 +327,7 @@ impl Store {
         let compact_revision = start.compact;
         let (committed_tx, committed) = watch::channel(start.current);
         let landed = Arc::new(AtomicI64::new(start.current));
+        let (landing_tx, landing) = watch::channel(0);
         let (compact_target, target_rx) = watch::channel(compact_revision);
         let done = backend.compacted_through().await?;
         let (compacted_tx, compacted) = watch::channel(done);
@@ -342,6 +346,7 @@ impl Store {
                 values,
                 applied: applied.clone(),
                 landed: landed.clone(),
+                landing: landing_tx,
                 stats: stats.clone(),
             },
             start,
@@ -373,6 +378,7 @@ impl Store {
                 compacted,
                 committed,
                 landed,
+                landing,
                 stats,
                 sole_writer,
                 published,
@@ -409,6 +415,15 @@ impl Store {
     /// move wakes the hub anyway.
     pub fn landed(&self) -> i64 {
         self.inner.landed.load(Ordering::SeqCst)
+    }
+
+    /// The revision the writer's batch in flight takes the database to, set once the batch
+    /// has run its requests and before it writes its last rows, and back to 0 once the batch
+    /// has landed ([`Store::landed`]) or failed. The database's notification of that commit
+    /// may come before the writer learns it committed: up to this revision a notification
+    /// is likely this process's own, and whether it was is known when this moves.
+    pub fn landing(&self) -> watch::Receiver<i64> {
+        self.inner.landing.clone()
     }
 
     /// The backend, for readers that need more than the store offers (the watch hub).

@@ -115,6 +115,7 @@ pub(super) async fn run_writer(
         mut values,
         applied,
         landed,
+        landing,
         stats,
     } = memory;
     let sole_writer = backend.sole_writer();
@@ -174,7 +175,7 @@ pub(super) async fn run_writer(
         let seen = (index.reloads(), index.catch_ups());
         let served = index.revision().max(applied.revision());
         let jobs: Vec<WriteJob> = backlog.drain(..received).collect();
-        let memory = (&mut index, &values);
+        let memory = (&mut index, &values, &landing);
         let mut result =
             apply_batch(backend.as_ref(), memory, (begin, served), compacted, &jobs).await;
         let moved = |e: &Error| matches!(e, Error::Backend(e) if e.is_moved());
@@ -184,15 +185,9 @@ pub(super) async fn run_writer(
                 "another process committed before the presumed batch; running it again"
             );
             stats.reruns.fetch_add(1, Ordering::Relaxed);
-            let memory = (&mut index, &values);
-            result = apply_batch(
-                backend.as_ref(),
-                memory,
-                (Begin::Read, served),
-                compacted,
-                &jobs,
-            )
-            .await;
+            let memory = (&mut index, &values, &landing);
+            let again = (Begin::Read, served);
+            result = apply_batch(backend.as_ref(), memory, again, compacted, &jobs).await;
         } else if matches!((begin, &result), (Begin::Presumed(_), Ok(_))) {
             stats.presumed.fetch_add(1, Ordering::Relaxed);
         }
@@ -221,6 +216,9 @@ pub(super) async fn run_writer(
         }
         if let Ok(committed) = &result {
             landed.fetch_max(committed.current, Ordering::SeqCst);
+        }
+        landing.send_if_modified(|landing| std::mem::take(landing) != 0);
+        if let Ok(committed) = &result {
             values.record(&committed.rows);
             compact = committed.compact.unwrap_or(compact);
         }
@@ -268,6 +266,8 @@ pub(super) struct WriterMemory {
     pub(super) applied: Applied,
     /// The newest revision the writer has committed, set as soon as the database says so.
     pub(super) landed: Arc<AtomicI64>,
+    /// See [`super::Store::landing`].
+    pub(super) landing: watch::Sender<i64>,
     /// Where the writer counts its presumed batches.
     pub(super) stats: Arc<WriteCounters>,
 }
@@ -462,10 +462,11 @@ enum Answer {
 /// Applies the jobs in one transaction and commits it; on success, each job's answer in order.
 /// The key index follows the database: after `Ok` it holds the batch's changes, after `Err`
 /// none of them. The batch writes nothing if the database is below `served`, the highest
-/// revision this process has committed or shown ([`super::fence`]).
+/// revision this process has committed or shown ([`super::fence`]). `landing` is told the
+/// revision the batch moves to before it writes its last rows.
 async fn apply_batch(
     backend: &dyn Backend,
-    (index, values): (&mut KeyIndex, &ValueCache),
+    (index, values, landing): (&mut KeyIndex, &ValueCache, &watch::Sender<i64>),
     (begin, served): (Begin, i64),
     compacted: i64,
     jobs: &[WriteJob],
@@ -570,6 +571,9 @@ async fn apply_batch(
                 }),
             };
             answers.push(answer);
+        }
+        if current != start.current {
+            landing.send_replace(current);
         }
         batch
             .finish((current != start.current).then_some((start.current, current)))

@@ -283,6 +283,7 @@ impl Hub {
                 commits: store.committed(),
                 remote_commits: store.backend().commit_notifications(),
                 reads: store.catch_up_requests(),
+                landing: store.landing(),
             },
             poll_interval,
             shutdown,
@@ -579,6 +580,8 @@ struct Wakeups {
     remote_commits: Option<watch::Receiver<CommitNotice>>,
     /// Reads waiting for the applied index to reach a revision.
     reads: watch::Receiver<i64>,
+    /// What the writer's batch in flight will commit ([`Store::landing`]).
+    landing: watch::Receiver<i64>,
 }
 
 async fn run_tailer(
@@ -592,7 +595,11 @@ async fn run_tailer(
         mut commits,
         mut remote_commits,
         mut reads,
+        mut landing,
     } = wakeups;
+    // The newest revision the database announced that the hub has neither read nor been
+    // handed, nor the writer committed: held while the writer's batch in flight may be it.
+    let mut announced = 0;
     let mut retry = Duration::from_millis(50);
     let mut resumed = remote_commits.as_ref().map_or(0, |rx| rx.borrow().resumed);
     let mut read = true;
@@ -631,10 +638,15 @@ async fn run_tailer(
         // process's own commits are handed over directly and then announced twice (by the
         // writer, and by the database's notification), and on PostgreSQL each read is a
         // transaction of its own. The database's notification of this process's own commit
-        // often comes before the hand-over: the writer's announcement after it wakes the hub
-        // anyway, and leads to a read if the hand-over could not publish (other processes'
-        // commits came first). Notifications that were re-established always lead to a read,
-        // as does every poll: they are how a failover's shorter history is found.
+        // often comes before the writer learns that it committed: a notification up to the
+        // revision the writer's batch in flight moves to waits for that batch, and leads to a
+        // read only if the batch failed. Whatever the batch lands, the writer's announcement
+        // wakes the hub, and leads to a read if the hand-over could not publish (other
+        // processes' commits came first). Notifications that were re-established always lead
+        // to a read, as does every poll: they are how a failover's shorter history is found.
+        let unexplained = |announced: i64, landing: i64| {
+            announced > hub.delivered().max(store.landed()).max(landing)
+        };
         read = tokio::select! {
             changed = commits.changed() => {
                 if changed.is_err() {
@@ -651,11 +663,21 @@ async fn run_tailer(
             notice = remote => {
                 let again = notice.resumed != resumed;
                 resumed = notice.resumed;
-                again || notice.revision > hub.delivered().max(store.landed())
+                announced = announced.max(notice.revision);
+                again || unexplained(announced, *landing.borrow())
+            }
+            changed = landing.changed(), if announced > 0 => {
+                if changed.is_err() {
+                    return;
+                }
+                unexplained(announced, *landing.borrow_and_update())
             }
             () = tokio::time::sleep_until(next_poll) => true,
             () = shutdown.cancelled() => return,
         };
+        if read || !unexplained(announced, 0) {
+            announced = 0;
+        }
     }
 }
 
