@@ -376,7 +376,7 @@ pub trait WriteTxn: ReadTxn {
     async fn insert_rows(&mut self, rows: &[LogRow]) -> Result<()>;
     async fn set_current_revision(&mut self, revision: i64) -> Result<()>;
     /// [`WriteTxn::insert_rows`], then [`WriteTxn::set_current_revision`]: a batch's last
-    /// writes, which a backend may send in fewer round trips together, checking that the
+    /// writes, which a backend may send in fewer round trips together, and may check that the
     /// current revision is still `before`, the batch's first. A transaction not yet begun
     /// ([`Backend::write_presuming`]) writes and commits here; its `commit` then ends it.
     async fn append(&mut self, rows: &[LogRow], _before: i64, current: i64) -> Result<()> {

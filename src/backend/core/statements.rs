@@ -49,9 +49,9 @@ pub type ValuesAt = for<'a> fn(&[(&'a [u8], i64)]) -> Vec<Stmt<'a>>;
 
 /// Builds the statements that append rows and move the current revision from the first integer
 /// to the second. Each takes the writers' lock, writes only if the current revision is the
-/// first, and
-/// returns a row exactly when it wrote: so it can also run as a transaction of its own, for a
-/// writer that presumes the current revision ([`crate::backend::Backend::write_presuming`]).
+/// first, and returns a row exactly when it wrote: so it can also run as a transaction of its
+/// own, for a writer that presumes the current revision
+/// ([`crate::backend::Backend::write_presuming`]).
 pub type Append = for<'a> fn(&'a [LogRow], i64, i64) -> Vec<Stmt<'a>>;
 
 /// A dialect's statements. Text fields are complete statements; function fields build the
