@@ -216,12 +216,11 @@ pub(super) async fn run_writer(
         }
         if let Ok(committed) = &result {
             landed.fetch_max(committed.current, Ordering::SeqCst);
-        }
-        landing.send_if_modified(|landing| std::mem::take(landing) != 0);
-        if let Ok(committed) = &result {
             values.record(&committed.rows);
             compact = committed.compact.unwrap_or(compact);
         }
+        // After `landed`, which tells the watch hub whether the batch it waited for landed.
+        landing.send_if_modified(|landing| std::mem::take(landing) != 0);
         let committing = Committing {
             received,
             result,
@@ -471,22 +470,22 @@ async fn apply_batch(
     compacted: i64,
     jobs: &[WriteJob],
 ) -> std::result::Result<(Committed, Vec<Answer>), Error> {
-    let opened = match begin {
-        Begin::Known(known) => backend.write().await.map(|tx| (tx, None, Some(known))),
-        Begin::Presumed(presumed) => match backend.write_presuming(presumed.current).await {
-            Ok(Some(tx)) => Ok((tx, None, Some(presumed))),
-            Ok(None) => backend
-                .write_from(index.revision())
-                .await
-                .map(|(tx, opening)| (tx, opening, None)),
-            Err(e) => Err(e),
-        },
-        Begin::Read => backend
-            .write_from(index.revision())
-            .await
-            .map(|(tx, opening)| (tx, opening, None)),
+    // A backend that cannot presume reads the revisions instead.
+    let presumed = match begin {
+        Begin::Presumed(presumed) => backend
+            .write_presuming(presumed.current)
+            .await?
+            .map(|tx| (tx, presumed)),
+        Begin::Known(_) | Begin::Read => None,
     };
-    let (tx, opening, known) = opened?;
+    let (tx, opening, known) = match (begin, presumed) {
+        (_, Some((tx, presumed))) => (tx, None, Some(presumed)),
+        (Begin::Known(known), None) => (backend.write().await?, None, Some(known)),
+        (Begin::Presumed(_) | Begin::Read, None) => {
+            let (tx, opening) = backend.write_from(index.revision()).await?;
+            (tx, opening, None)
+        }
+    };
     let mut batch = Batch::new(tx, index, values);
     // Where the batch's own changes to the index begin (after bringing it up to date).
     let mut batch_mark = None;
