@@ -668,3 +668,208 @@ async fn an_instance_is_not_sent_back_to_the_log_for_its_own_commits() {
     );
     a.stop().await;
 }
+
+/// A writer under load sends a presumed batch while the one before it is still committing
+/// (PostgreSQL), and settles them in order. With another instance writing the same keys now and
+/// then, some batches find the database moved and run again, and the batches sent behind them
+/// must not write. Every compare-and-swap increment that succeeded is in the final values, none
+/// twice; the log has one revision per increment, in order, each with the value it replaced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_sent_behind_one_still_committing_lose_no_compare() {
+    if skip() {
+        return;
+    }
+    const KEYS: usize = 32;
+    const ATTEMPTS: usize = 40;
+    let dir = tempfile::tempdir().unwrap();
+    let a = TestServer::start(dir.path()).await;
+    let b = TestServer::start(dir.path()).await;
+    let mut ca = a.client().await;
+    let key = |k: usize| format!("pipe/{k:02}");
+    for k in 0..KEYS {
+        ca.put(key(k), "0", None).await.unwrap();
+    }
+    let start = common::current_revision(&mut ca).await;
+    let mut tasks = Vec::new();
+    for (t, (server, pause)) in std::iter::repeat_n((&a, 0), 48)
+        .chain(std::iter::repeat_n((&b, 5), 8))
+        .enumerate()
+    {
+        let mut client = server.client().await;
+        tasks.push(tokio::spawn(async move {
+            let mut won = [0u64; KEYS];
+            for attempt in 0..ATTEMPTS {
+                let k = (t * 7 + attempt * 13) % KEYS;
+                let got = client.get(key(k), None).await.unwrap();
+                let kv = &got.kvs()[0];
+                let n: u64 = kv.value_str().unwrap().parse().unwrap();
+                let txn = etcd_client::Txn::new()
+                    .when([etcd_client::Compare::mod_revision(
+                        key(k),
+                        etcd_client::CompareOp::Equal,
+                        kv.mod_revision(),
+                    )])
+                    .and_then([etcd_client::TxnOp::put(key(k), (n + 1).to_string(), None)]);
+                if client.txn(txn).await.unwrap().succeeded() {
+                    won[k] += 1;
+                }
+                tokio::time::sleep(Duration::from_millis(pause)).await;
+            }
+            won
+        }));
+    }
+    let mut won = [0u64; KEYS];
+    for task in tasks {
+        let task = tokio::time::timeout(Duration::from_secs(120), task)
+            .await
+            .expect("the increments took over 2 minutes")
+            .unwrap();
+        for (total, n) in won.iter_mut().zip(task) {
+            *total += n;
+        }
+    }
+    let mut increments = 0;
+    for (k, n) in won.iter().enumerate() {
+        let got = ca.get(key(k), None).await.unwrap();
+        let kv = &got.kvs()[0];
+        assert_eq!(kv.value_str().unwrap(), n.to_string(), "{}", key(k));
+        assert_eq!(kv.version() as u64, n + 1, "{}", key(k));
+        increments += n;
+    }
+    let end = common::current_revision(&mut ca).await;
+    assert_eq!(
+        (end - start) as u64,
+        increments,
+        "revisions beyond the increments"
+    );
+    // The log, as a watcher replays it: each revision one increment, with the value it replaced.
+    let options = WatchOptions::new()
+        .with_prefix()
+        .with_start_revision(start + 1)
+        .with_prev_key();
+    let (_watcher, mut stream) = ca.watch("pipe/", Some(options)).await.unwrap();
+    let mut next = start + 1;
+    while next <= end {
+        let message = tokio::time::timeout(WAIT, stream.message())
+            .await
+            .expect("the replay of the log stalled")
+            .unwrap()
+            .expect("the watch ended");
+        for event in message.events() {
+            let kv = event.kv().unwrap();
+            assert_eq!(
+                kv.mod_revision(),
+                next,
+                "the replay skipped or repeated a revision"
+            );
+            let n: u64 = kv.value_str().unwrap().parse().unwrap();
+            let prev = event.prev_kv().expect("an increment's previous value");
+            assert_eq!(prev.value_str().unwrap(), (n - 1).to_string(), "{kv:?}");
+            next += 1;
+        }
+    }
+    if common::on_postgres() {
+        let pipelined = metric(&a, "etcdsql_write_pipelined_batches_total ").await;
+        assert!(pipelined > 0.0, "no batch was sent behind another");
+        let reruns = r#"etcdsql_write_presumed_batches_total{outcome="rerun"} "#;
+        eprintln!(
+            "pipelined batches: {pipelined}; presumed batches run again: {}",
+            metric(&a, reruns).await
+        );
+    }
+    a.stop().await;
+    b.stop().await;
+}
+
+/// The statement of a batch sent before the one it follows has answered writes only after that
+/// one's commit: it checks the name that commit leaves on the current revision, not the number
+/// alone, which the failure of the batch before and another instance's commits can both leave
+/// (PostgreSQL). What else of it needs the database waits for that batch's answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_sent_behind_another_writes_only_on_that_ones_commit() {
+    if !common::on_postgres() {
+        eprintln!("skipped: batches go out behind each other on PostgreSQL only");
+        return;
+    }
+    use etcdsql::backend::{self, InFlight, LogRow, Presumption};
+    let dir = tempfile::tempdir().unwrap();
+    let endpoint = common::test_endpoint(dir.path());
+    let db = backend::open(&endpoint, &Default::default()).await.unwrap();
+    let row = |revision: i64, key: &str| LogRow {
+        revision,
+        sub: 0,
+        key: key.as_bytes().to_vec(),
+        created: true,
+        deleted: false,
+        create_revision: revision,
+        prev_revision: 0,
+        version: 1,
+        lease: 0,
+        value: b"v".to_vec(),
+        old_value: None,
+        old_lease: 0,
+    };
+    let (told, outcome) = tokio::sync::watch::channel(Some(true));
+    let presume = |current: i64, batch: i64, after: Option<i64>| Presumption {
+        current,
+        batch,
+        after: after.map(|batch| InFlight {
+            batch,
+            outcome: outcome.clone(),
+        }),
+    };
+    let start = db.revisions().await.unwrap().current;
+    let mut tx = db.write_presuming(&presume(start, 1, None)).await.unwrap();
+    let mut tx = tx.take().expect("PostgreSQL presumes");
+    tx.append(&[row(start + 1, "a")], start, start + 1)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    // Batch 1 left the revision where this batch presumes, but it follows batch 2.
+    let mut tx = db
+        .write_presuming(&presume(start + 1, 3, Some(2)))
+        .await
+        .unwrap()
+        .unwrap();
+    let refused = tx
+        .append(&[row(start + 2, "b")], start + 1, start + 2)
+        .await;
+    assert!(
+        refused.as_ref().is_err_and(backend::Error::is_moved),
+        "{refused:?}"
+    );
+    drop(tx);
+    assert_eq!(db.revisions().await.unwrap().current, start + 1);
+    let mut tx = db
+        .write_presuming(&presume(start + 1, 4, Some(1)))
+        .await
+        .unwrap()
+        .unwrap();
+    tx.append(&[row(start + 2, "b")], start + 1, start + 2)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(db.revisions().await.unwrap().current, start + 2);
+    // A read begins the transaction: once the batch followed has committed, it sees where
+    // that batch left the database; if it failed, it fails with it.
+    let mut tx = db
+        .write_presuming(&presume(start + 2, 5, Some(4)))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(tx.revisions().await.unwrap().current, start + 2);
+    drop(tx);
+    told.send_replace(Some(false));
+    let mut tx = db
+        .write_presuming(&presume(start + 2, 6, Some(5)))
+        .await
+        .unwrap()
+        .unwrap();
+    let began = tx.revisions().await;
+    assert!(
+        began.as_ref().is_err_and(backend::Error::is_moved),
+        "{began:?}"
+    );
+    drop(tx);
+    db.close().await;
+}
