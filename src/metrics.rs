@@ -128,9 +128,7 @@ struct Inner {
     /// The store's lost revisions at the last scrape, which `lost_revisions` has counted.
     lost_seen: AtomicU64,
     presumed_batches: Family<OutcomeLabels, Counter>,
-    pipelined_batches: Counter,
-    /// The store's write counts at the last scrape, which `presumed_batches` and
-    /// `pipelined_batches` have counted.
+    /// The store's write counts at the last scrape, which `presumed_batches` has counted.
     writes_seen: Mutex<WriteStats>,
 
     watch_streams: Gauge,
@@ -367,12 +365,6 @@ impl Metrics {
             "Write batches that presumed no other instance had committed since this one's last batch, and wrote in one statement: rightly (outcome=held), or wrongly, and ran again (outcome=rerun)",
             presumed_batches.clone(),
         );
-        let pipelined_batches = Counter::default();
-        r.register(
-            "etcdsql_write_pipelined_batches",
-            "Presumed write batches sent while the batch before them was still committing (they write only once it has)",
-            pipelined_batches.clone(),
-        );
         let lost_revisions = Counter::default();
         r.register(
             "etcdsql_failover_lost_revisions",
@@ -446,7 +438,6 @@ impl Metrics {
                 lost_revisions,
                 lost_seen: AtomicU64::new(0),
                 presumed_batches,
-                pipelined_batches,
                 writes_seen: Mutex::new(WriteStats::default()),
                 watch_streams,
                 watchers,
@@ -535,8 +526,6 @@ impl Metrics {
                 .get_or_create(&OutcomeLabels { outcome })
                 .inc_by(now.saturating_sub(before));
         }
-        m.pipelined_batches
-            .inc_by(writes.pipelined.saturating_sub(seen.pipelined));
         let oldest = lock(&m.behind_since).values().min().copied();
         m.watch_behind
             .set(oldest.map_or(0.0, |since| since.elapsed().as_secs_f64()));
@@ -1146,14 +1135,11 @@ impl Backend for InstrumentedBackend {
     }
 
     /// Only takes a connection: the statements that follow run under their own labels.
-    async fn write_presuming(
-        &self,
-        presumed: &backend::Presumption,
-    ) -> backend::Result<Option<Box<dyn WriteTxn>>> {
+    async fn write_presuming(&self, current: i64) -> backend::Result<Option<Box<dyn WriteTxn>>> {
         let inner = timed(
             &self.metrics,
             "begin_presumed",
-            self.inner.write_presuming(presumed),
+            self.inner.write_presuming(current),
         )
         .await?;
         Ok(inner.map(|inner| {

@@ -87,42 +87,6 @@ pub struct Revisions {
     pub fence: i64,
 }
 
-/// What a writer presumes of the database as a write transaction begins
-/// ([`Backend::write_presuming`]).
-#[derive(Clone, Debug)]
-pub struct Presumption {
-    /// The current revision presumed: where this writer's last batch left it.
-    pub current: i64,
-    /// This batch's name, which its append leaves on the current revision: a later batch sent
-    /// before this one answers checks for it.
-    pub batch: i64,
-    /// Set when the batch that moves the revision to `current` was sent and has not answered.
-    pub after: Option<InFlight>,
-}
-
-/// A batch sent and not yet answered, that a presumed write transaction follows.
-#[derive(Clone, Debug)]
-pub struct InFlight {
-    /// Its name ([`Presumption::batch`]).
-    pub batch: i64,
-    /// Becomes `Some(true)` once it committed, `Some(false)` if it did not (or may not have).
-    pub outcome: tokio::sync::watch::Receiver<Option<bool>>,
-}
-
-impl InFlight {
-    /// Waits for the batch's answer: `Ok` once it committed, [`Error::Moved`] otherwise, for
-    /// then the database is not where the transaction presumed.
-    ///
-    /// # Errors
-    /// The batch did not commit (or may not have).
-    pub async fn landed(&mut self, presumed: i64) -> Result<()> {
-        match self.outcome.wait_for(Option::is_some).await.map(|o| *o) {
-            Ok(Some(true)) => Ok(()),
-            _ => Err(Error::Moved { presumed }),
-        }
-    }
-}
-
 /// What a write transaction read in the round trip that began it ([`Backend::write_from`]).
 #[derive(Debug)]
 pub struct Opening {
@@ -318,11 +282,7 @@ pub trait Backend: Send + Sync + 'static {
     /// it returns (one round trip where an open transaction takes three). Whatever begins the
     /// transaction, and a commit with nothing appended, checks it too. A wrong presumption
     /// fails with [`Error::Moved`], having written nothing; `None`: the backend cannot presume.
-    ///
-    /// A presumption may rest on a batch still in flight ([`Presumption::after`]): the append
-    /// then also checks that the current revision carries that batch's name, so it writes only
-    /// after that batch committed, and whatever else needs the transaction waits for its answer.
-    async fn write_presuming(&self, _presumed: &Presumption) -> Result<Option<Box<dyn WriteTxn>>> {
+    async fn write_presuming(&self, _current: i64) -> Result<Option<Box<dyn WriteTxn>>> {
         Ok(None)
     }
     /// Opens the write transaction as [`Backend::write`] does and, where the backend can, reads

@@ -213,18 +213,6 @@ impl KeyIndex {
         self.revision = revision;
     }
 
-    /// Makes the changes before `later` permanent, as the database committed them as
-    /// `revision`, and keeps those since `later` (a batch built on top, still in flight) undoable.
-    /// Returns the mark that now stands where `later` stood.
-    pub fn commit_before(&mut self, later: Mark, revision: i64) -> Mark {
-        self.undo.drain(..later.undo.min(self.undo.len()));
-        self.revision = revision;
-        Mark {
-            undo: 0,
-            tombstones: later.tombstones,
-        }
-    }
-
     /// Forgets tombstones below `compacted`, whose rows physical compaction has removed: the log
     /// no longer knows those keys, so neither does the index. Only between batches (marks would
     /// no longer point at the right tombstones).
@@ -352,26 +340,6 @@ mod tests {
         index.rollback(mark);
         assert_eq!(index.live(b"a").map(|m| m.mod_revision), Some(2));
         assert_eq!(index.revision(), 2);
-    }
-
-    #[test]
-    fn committing_one_batch_leaves_the_batch_on_top_of_it_undoable() {
-        let mut index = KeyIndex::load([put("a", 2, 2, 1)], 2);
-        index.apply(&put("a", 3, 2, 2));
-        let later = index.mark();
-        index.apply(&tombstone("a", 4));
-        index.apply(&put("b", 5, 5, 1));
-        let later = index.commit_before(later, 3);
-        assert_eq!(index.revision(), 3);
-        index.rollback(later);
-        assert_eq!(index.live(b"a").map(|m| m.mod_revision), Some(3));
-        assert!(index.get(b"b").is_none());
-        // Nothing of the committed batch is left to undo.
-        index.rollback(KeyIndex::default().mark());
-        assert_eq!(index.live(b"a").map(|m| m.version), Some(2));
-        // Its tombstone is gone with it, so pruning leaves the key alone.
-        index.prune_tombstones(100);
-        assert_eq!(index.live(b"a").map(|m| m.mod_revision), Some(3));
     }
 
     #[test]

@@ -255,9 +255,6 @@ struct WriteCounters {
     presumed: AtomicU64,
     /// Batches that presumed so wrongly (another process had committed) and ran again.
     reruns: AtomicU64,
-    /// Presumed batches sent before the batch they follow had answered (`writer`'s pipelined
-    /// batches).
-    pipelined: AtomicU64,
     /// Told about every committed batch; a `OnceLock` so the writer reads it without a lock.
     observer: OnceLock<CommitObserver>,
     /// Handed every committed batch's rows (the watch hub).
@@ -293,8 +290,6 @@ pub struct WriteStats {
     pub presumed: u64,
     /// Batches that presumed it wrongly and ran again.
     pub reruns: u64,
-    /// Presumed batches sent while the batch before them was still landing.
-    pub pipelined: u64,
 }
 
 impl Store {
@@ -443,7 +438,6 @@ impl Store {
             requests: self.inner.stats.requests.load(Ordering::Relaxed),
             presumed: self.inner.stats.presumed.load(Ordering::Relaxed),
             reruns: self.inner.stats.reruns.load(Ordering::Relaxed),
-            pipelined: self.inner.stats.pipelined.load(Ordering::Relaxed),
         }
     }
 

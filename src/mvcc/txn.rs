@@ -75,10 +75,9 @@ impl<'a> Batch<'a> {
         }
     }
 
-    /// The transaction back, for [`finish`] and committing it; the rows the batch wrote, and
-    /// how many of them are in the transaction already.
-    pub(crate) fn into_parts(self) -> (Box<dyn WriteTxn>, Vec<LogRow>, usize) {
-        (self.tx, self.rows, self.flushed)
+    /// The transaction back, for committing it, and the rows the batch wrote.
+    pub(crate) fn into_parts(self) -> (Box<dyn WriteTxn>, Vec<LogRow>) {
+        (self.tx, self.rows)
     }
 
     /// Brings the index up to the database's state `now` (read inside this write transaction,
@@ -260,6 +259,20 @@ impl<'a> Batch<'a> {
         } else {
             self.tx.insert_rows(&self.rows[self.flushed..]).await?;
         }
+        self.flushed = self.rows.len();
+        Ok(())
+    }
+
+    /// Writes the rows still buffered once every request has ended and, if `moved` is given,
+    /// moves the current revision from its first revision (the batch's start) to its second,
+    /// together where the backend can.
+    pub(crate) async fn finish(&mut self, moved: Option<(i64, i64)>) -> Result<()> {
+        let Some((before, current)) = moved else {
+            return self.flush().await;
+        };
+        self.tx
+            .append(&self.rows[self.flushed..], before, current)
+            .await?;
         self.flushed = self.rows.len();
         Ok(())
     }
@@ -505,20 +518,4 @@ impl<'e, 'a> TxnExec<'e, 'a> {
         }
         Ok(())
     }
-}
-
-/// Writes a batch's rows still buffered (`unflushed`, once every request has ended) and, if
-/// `moved` is given, moves the current revision from its first revision (the batch's start) to
-/// its second, together where the backend can.
-pub(crate) async fn finish(
-    tx: &mut dyn WriteTxn,
-    unflushed: &[LogRow],
-    moved: Option<(i64, i64)>,
-) -> Result<()> {
-    match moved {
-        Some((before, current)) => tx.append(unflushed, before, current).await?,
-        None if unflushed.is_empty() => {}
-        None => tx.insert_rows(unflushed).await?,
-    }
-    Ok(())
 }

@@ -10,11 +10,9 @@
 //! holds for the wanted row is that row's.
 //!
 //! # Invariants
-//! - An entry `key → row at revision r` is exactly the row `(key, r)` as committed, or as a
-//!   batch in flight will commit it: entries come from committed rows ([`ValueCache::record`]),
-//!   and from a batch sent before it answered (the writer's pipelined batches, so that the batch
-//!   built on it finds its values), never from a batch still running. A batch in flight that
-//!   fails empties the cache, so a rolled-back write does not stay cached.
+//! - An entry `key → row at revision r` is exactly the committed row `(key, r)`: entries come
+//!   only from committed rows ([`ValueCache::record`]), never from a batch still running, so a
+//!   rolled-back write is never cached.
 //! - Entries follow commits in order: recording a batch replaces or removes the entry of every
 //!   key it wrote, before the batch is handed on to be published. So an entry is the key's
 //!   newest row as of the last recorded commit, which is at or after the published revision.

@@ -29,13 +29,13 @@ pub use server::{
     Begun, KeptConnection, Presumed, ServerDialect, ServerSession, bound, pool_options,
 };
 pub use statements::{
-    BatchNames, Bookkeeping, Sql, Syntax, changes_query, insert_chunks, mark_superseded,
-    number_placeholders, push_tuples, values_chunks,
+    Bookkeeping, Sql, Syntax, changes_query, insert_chunks, mark_superseded, number_placeholders,
+    push_tuples, values_chunks,
 };
 
 use super::{
-    AuthRecords, AuthVersion, Backend, Copied, DbSize, LeaseRow, LogRow, Opening, Presumption,
-    RangeEnd, ReadTxn, Result, Revisions, WriteTxn,
+    AuthRecords, AuthVersion, Backend, Copied, DbSize, LeaseRow, LogRow, Opening, RangeEnd,
+    ReadTxn, Result, Revisions, WriteTxn,
 };
 
 /// One value bound to a statement. Dialects bind the scalar ones the same way
@@ -222,10 +222,6 @@ pub trait Session: Send + 'static {
     async fn append(&mut self, stmt: Stmt<'_>, before: i64) -> Result<()> {
         appended(&self.fetch(stmt).await?, before)
     }
-    /// The names the session's append carries: a presumed transaction's.
-    fn batch_names(&self) -> BatchNames {
-        BatchNames::default()
-    }
     /// Commits a transaction; a session outside a transaction just ends.
     async fn commit(self) -> Result<()>;
 }
@@ -252,7 +248,7 @@ pub trait Connector: Send + Sync + 'static {
         Ok((self.write().await?, None))
     }
     /// See [`Backend::write_presuming`].
-    async fn write_presuming(&self, _presumed: &Presumption) -> Result<Option<Self::Session>> {
+    async fn write_presuming(&self, _current: i64) -> Result<Option<Self::Session>> {
         Ok(None)
     }
     /// A session like `read_unpinned`'s for [`Backend::revisions`], which the revision probe
@@ -349,8 +345,8 @@ impl<C: Connector> Backend for SqlBackend<C> {
         Ok((Box::new(SqlTxn(session)), opening))
     }
 
-    async fn write_presuming(&self, presumed: &Presumption) -> Result<Option<Box<dyn WriteTxn>>> {
-        let session = self.0.write_presuming(presumed).await?;
+    async fn write_presuming(&self, current: i64) -> Result<Option<Box<dyn WriteTxn>>> {
+        let session = self.0.write_presuming(current).await?;
         Ok(session.map(|session| Box::new(SqlTxn(session)) as Box<dyn WriteTxn>))
     }
 

@@ -10,8 +10,8 @@ use sqlx::pool::{Pool, PoolConnection, PoolConnectionMetadata};
 use sqlx::{AssertSqlSafe, Connection, Database, Transaction};
 use tokio::sync::{Mutex, OwnedMappedMutexGuard, OwnedMutexGuard, watch};
 
-use super::{Arg, BatchNames, Columns, Session, Sql, Stmt};
-use crate::backend::{InFlight, Presumption, Result};
+use super::{Arg, Columns, Session, Sql, Stmt};
+use crate::backend::Result;
 
 /// What a server dialect adds to its sqlx driver: its statements and how it binds an [`Arg`].
 pub trait ServerDialect: Database {
@@ -63,18 +63,13 @@ pub enum ServerSession<DB: Database> {
 /// A write transaction not begun yet, for a writer that presumes the current revision
 /// ([`crate::backend::Backend::write_presuming`]). The first statement that needs the
 /// transaction begins it, and a batch's append that comes first runs as a transaction of its
-/// own; either checks the presumption under the writers' lock. Where the presumption rests on a
-/// batch still in flight, the append checks for that batch's name, and the rest wait for it to
-/// answer.
+/// own; either checks the presumption under the writers' lock.
 pub struct Presumed<DB: Database> {
     /// Not open until [`Stage::Begun`].
     tx: Begun<DB>,
     stage: Stage,
     /// The current revision presumed.
     current: i64,
-    names: BatchNames,
-    /// The batch in flight the presumption rests on, until it answered.
-    after: Option<InFlight>,
     /// A simple query that begins the transaction, takes the writers' lock and then reads the
     /// revisions ([`Sql::revisions`]), whose rows are the only ones with two columns.
     begin: &'static str,
@@ -91,29 +86,13 @@ enum Stage {
 }
 
 impl<DB: Database> Presumed<DB> {
-    pub fn new(conn: PoolConnection<DB>, presumed: &Presumption, begin: &'static str) -> Self {
+    pub fn new(conn: PoolConnection<DB>, current: i64, begin: &'static str) -> Self {
         Self {
             tx: Begun { conn, open: false },
             stage: Stage::Waiting,
-            current: presumed.current,
-            names: BatchNames {
-                own: Some(presumed.batch),
-                after: presumed.after.as_ref().map(|after| after.batch),
-            },
-            after: presumed.after.clone(),
+            current,
             begin,
         }
-    }
-
-    /// Waits until the batch in flight that the presumption rests on has committed: only the
-    /// append checks for it by itself.
-    async fn after_landed(&mut self) -> Result<()> {
-        if let Some(after) = &mut self.after {
-            after.landed(self.current).await?;
-            self.after = None;
-            self.names.after = None;
-        }
-        Ok(())
     }
 
     /// An error unless the database's revisions, as `rows` hold them, are the presumed ones.
@@ -139,7 +118,6 @@ where
         if self.stage != Stage::Waiting {
             return Ok(());
         }
-        self.after_landed().await?;
         // From here a failure leaves the transaction's state unknown: the connection is closed.
         self.tx.open = true;
         let rows = sqlx::raw_sql(AssertSqlSafe(self.begin))
@@ -157,7 +135,6 @@ where
             // Nothing was written, but what the writer answered rests on the presumption:
             // it holds if the revisions, read after the answers were made, still say so.
             Stage::Waiting => {
-                self.after_landed().await?;
                 let (sql, args) = bound(Stmt::new(&*DB::sql().revisions), DB::bind)?;
                 let rows = sqlx::query_with(sql, args)
                     .fetch_all(self.tx.conn())
@@ -396,34 +373,16 @@ where
         let rows = match self {
             ServerSession::Presumed(presumed) if presumed.stage == Stage::Waiting => {
                 // The statement is the whole transaction: it commits as it returns.
-                let again = presumed.after.is_some().then(|| stmt.clone());
                 let (sql, args) = bound(stmt, DB::bind)?;
-                let mut rows = sqlx::query_with(sql, args)
+                let rows = sqlx::query_with(sql, args)
                     .fetch_all(presumed.tx.conn())
                     .await?;
-                // Sent behind a batch in flight, it may still have taken the lock first. Once
-                // that batch has committed, the same statement holds, unless another writer
-                // came in between; if it did not commit, neither may this one.
-                if let Some(stmt) = again.filter(|_| rows.is_empty()) {
-                    presumed.after_landed().await?;
-                    let (sql, args) = bound(stmt, DB::bind)?;
-                    rows = sqlx::query_with(sql, args)
-                        .fetch_all(presumed.tx.conn())
-                        .await?;
-                }
                 presumed.stage = Stage::Written;
                 rows
             }
             _ => self.fetch(stmt).await?,
         };
         super::appended(&rows, before)
-    }
-
-    fn batch_names(&self) -> BatchNames {
-        match self {
-            ServerSession::Presumed(presumed) => presumed.names,
-            _ => BatchNames::default(),
-        }
     }
 
     async fn commit(self) -> Result<()> {

@@ -52,17 +52,7 @@ pub type ValuesAt = for<'a> fn(&[(&'a [u8], i64)]) -> Vec<Stmt<'a>>;
 /// first, and returns a row exactly when it wrote: so it can also run as a transaction of its
 /// own, for a writer that presumes the current revision
 /// ([`crate::backend::Backend::write_presuming`]).
-/// The statements also take the batch's [`BatchNames`].
-pub type Append = for<'a> fn(&'a [LogRow], i64, i64, BatchNames) -> Vec<Stmt<'a>>;
-
-/// The names an append carries ([`crate::backend::Presumption`]): the batch's own, which it
-/// leaves on the current revision, and the one the current revision must carry for it to write
-/// (set when the batch before it had not answered as it was sent).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct BatchNames {
-    pub own: Option<i64>,
-    pub after: Option<i64>,
-}
+pub type Append = for<'a> fn(&'a [LogRow], i64, i64) -> Vec<Stmt<'a>>;
 
 /// A dialect's statements. Text fields are complete statements; function fields build the
 /// statements whose shape depends on their arguments.

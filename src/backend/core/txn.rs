@@ -138,7 +138,7 @@ impl<S: Session> WriteTxn for SqlTxn<S> {
     async fn append(&mut self, rows: &[LogRow], before: i64, current: i64) -> Result<()> {
         match self.0.sql().append {
             Some(append) if !rows.is_empty() => {
-                for stmt in append(rows, before, current, self.0.batch_names()) {
+                for stmt in append(rows, before, current) {
                     self.0.append(stmt, before).await?;
                 }
                 Ok(())

@@ -23,10 +23,7 @@
 //! ([`crate::backend::Backend::write_presuming`]): its next batch's rows go in one statement
 //! outside any transaction, which takes the lock, moves the current revision only if it is
 //! still the presumed one, writes the rows only if it moved, and commits as it returns. One
-//! round trip holds the lock instead of three. The writer sends the next batch's statement while
-//! that one commits: it waits for the lock inside PostgreSQL, so the lock passes from one batch
-//! to the next with no round trip between, and it writes only if the current revision carries the
-//! name the batch before left on it (`meta.last_batch`, migration 0007).
+//! round trip holds the lock instead of three.
 //!
 //! # Reads
 //! Read transactions are `REPEATABLE READ READ ONLY`: one snapshot for the revisions and the
@@ -66,9 +63,7 @@ use super::core::{
 
 /// A session on the PostgreSQL pool.
 pub type PgSession = ServerSession<sqlx::Postgres>;
-use super::{
-    CommitNotice, Copied, DbSize, LogRow, Opening, PoolOptions, Presumption, Result, Revisions,
-};
+use super::{CommitNotice, Copied, DbSize, LogRow, Opening, PoolOptions, Result, Revisions};
 
 /// Keys up to this length always fit PostgreSQL's index entries, compressed or not.
 pub const CHECKED_KEY_BYTES: usize = 2600;
@@ -484,9 +479,9 @@ impl Connector for Postgres {
 
     /// Takes a connection only: [`crate::backend::Backend::write_presuming`] says what runs
     /// on it.
-    async fn write_presuming(&self, presumed: &Presumption) -> Result<Option<PgSession>> {
+    async fn write_presuming(&self, current: i64) -> Result<Option<PgSession>> {
         let conn = self.pool().acquire().await?;
-        let presumed = Presumed::new(conn, presumed, sql::BEGIN_CHECKED.as_str());
+        let presumed = Presumed::new(conn, current, sql::BEGIN_CHECKED.as_str());
         Ok(Some(PgSession::Presumed(presumed)))
     }
 

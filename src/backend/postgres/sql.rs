@@ -5,7 +5,7 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::LazyLock;
 
-use crate::backend::core::{Arg, BatchNames, Bookkeeping, Sql, Stmt, Syntax, changes_query};
+use crate::backend::core::{Arg, Bookkeeping, Sql, Stmt, Syntax, changes_query};
 use crate::backend::{LogRow, RangeEnd, Scan};
 
 /// The NOTIFY channel that carries committed revisions (a macro so the statement below can
@@ -299,27 +299,16 @@ fn insert_rows(rows: &[LogRow]) -> Vec<Stmt<'_>> {
 
 /// [`insert_rows`], the new current revision and its NOTIFY, all in one statement, which can
 /// be a transaction of its own: it takes the writers' lock and writes only if the current
-/// revision is still `$20`, the one the batch began at.
-///
-/// The statement's snapshot may be older than the lock: it may have been sent while the batch
-/// before it was committing. So the revision is read by locking its row (`FOR UPDATE` waits
-/// for the row and reads its newest version, in READ COMMITTED), never from the snapshot, and
-/// the update keeps to the row so read. Every other part writes only the rows that update
-/// returns: one, or none if the revision was not the one presumed.
-///
-/// The update leaves the batch's name (`$21`) on the row, and when `$22` is set it writes only
-/// if the row carries that name too: a batch sent before the one it follows has answered writes
-/// only after that one's own commit, which nothing else can fake (a failed batch, and another
-/// writer's commits that end at the same revision, leave another name or none).
-fn append(rows: &[LogRow], before: i64, current: i64, names: BatchNames) -> Vec<Stmt<'_>> {
+/// revision is still `$20`, the one the batch began at. Its statement's snapshot may be older than
+/// the lock, but the update of the current revision tests the newest version of the row (READ
+/// COMMITTED rechecks a row that a transaction committed since the snapshot), and every other
+/// part writes only the rows that update returns: one, or none if another writer committed.
+fn append(rows: &[LogRow], before: i64, current: i64) -> Vec<Stmt<'_>> {
     let sql = concat!(
         "WITH locked AS (SELECT pg_advisory_xact_lock(",
         writer_lock!(),
-        ")), prior AS (SELECT value, last_batch FROM meta WHERE name = 'current_revision' \
-         AND EXISTS (SELECT FROM locked) FOR UPDATE), \
-         moved AS (UPDATE meta SET value = $19, last_batch = $21 FROM prior \
-         WHERE meta.name = 'current_revision' AND prior.value = $20 \
-         AND ($22::bigint IS NULL OR prior.last_batch = $22) RETURNING meta.value), inserted AS (",
+        ")), moved AS (UPDATE meta SET value = $19 WHERE name = 'current_revision' \
+         AND value = $20 AND EXISTS (SELECT FROM locked) RETURNING value), inserted AS (",
         insert_unnest!(),
         " WHERE EXISTS (SELECT FROM moved)), replaced AS (",
         insert_replaced!(),
@@ -329,11 +318,7 @@ fn append(rows: &[LogRow], before: i64, current: i64, names: BatchNames) -> Vec<
         commit_channel!(),
         "', value::text) FROM moved"
     );
-    let stmt = rows_stmt(sql, rows).int(current).int(before);
-    vec![
-        stmt.arg(Arg::OptInt(names.own))
-            .arg(Arg::OptInt(names.after)),
-    ]
+    vec![rows_stmt(sql, rows).int(current).int(before)]
 }
 
 /// `sql` with the parameters `$1`..`$18` of [`insert_unnest`], [`insert_replaced`] and
