@@ -13,6 +13,28 @@ use tracing_subscriber::EnvFilter;
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// Turns transparent huge pages off for this process.
+///
+/// mimalloc asks for huge pages on its arenas and later returns freed memory in 64 KiB pieces;
+/// touching a 2 MiB region again then faults in a whole huge page, which the kernel zeroes
+/// first. Under a write load that zeroing took 8% of the server's CPU (`clear_page_erms`
+/// under `do_huge_pmd_anonymous_page`) and lengthened the p99 of creates by half; with
+/// ordinary pages only the pages touched are zeroed. Linux only; elsewhere nothing to do.
+fn disable_transparent_huge_pages() {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: PR_SET_THP_DISABLE takes plain integers and touches no memory of ours.
+        let rc = unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) };
+        if rc != 0 {
+            // Only a cost, never a fault: the process runs as it did before.
+            eprintln!(
+                "etcdsql: could not turn transparent huge pages off: {}",
+                std::io::Error::last_os_error()
+            );
+        }
+    }
+}
+
 /// An etcd v3-compatible server that keeps its data in SQL; with a command, a tool for its
 /// data store.
 #[derive(Parser)]
@@ -91,6 +113,7 @@ enum Command {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    disable_transparent_huge_pages();
     let Cli { config, command } = Cli::parse();
     let filter = EnvFilter::try_new(&config.log_level)
         .with_context(|| format!("invalid --log-level {:?}", config.log_level))?;

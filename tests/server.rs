@@ -234,6 +234,21 @@ async fn spawn_binary(dir: &std::path::Path, port: u16) -> (Process, Client) {
     panic!("etcdsql did not become ready");
 }
 
+/// The server turns transparent huge pages off for itself (see `main.rs`): the kernel reports
+/// it in the process's status.
+#[cfg(target_os = "linux")]
+#[tokio::test]
+async fn the_binary_runs_without_transparent_huge_pages() {
+    let dir = tempfile::tempdir().unwrap();
+    let (process, _client) = spawn_binary(dir.path(), free_port()).await;
+    let status = std::fs::read_to_string(format!("/proc/{}/status", process.0.id())).unwrap();
+    let line = status
+        .lines()
+        .find(|l| l.starts_with("THP_enabled:"))
+        .expect("the kernel reports THP_enabled (Linux 5.0 and later)");
+    assert_eq!(line.split_whitespace().nth(1), Some("0"), "{line}");
+}
+
 /// `kill -9` in the middle of concurrent writes: every acknowledged write survives, the log has
 /// no half-applied txn, and the server starts again on the same file.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
