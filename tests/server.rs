@@ -4,6 +4,8 @@
 mod common;
 
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use common::{TestServer, free_port, shared_database, status, test_endpoint};
@@ -247,6 +249,58 @@ async fn the_binary_runs_without_transparent_huge_pages() {
         .find(|l| l.starts_with("THP_enabled:"))
         .expect("the kernel reports THP_enabled (Linux 5.0 and later)");
     assert_eq!(line.split_whitespace().nth(1), Some("0"), "{line}");
+}
+
+/// Writes that never pause still let the SQLite WAL start over, so its file stays near
+/// `WAL_RESTART_BYTES` rather than growing with everything written (backend/sqlite).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sqlite_wal_starts_over_under_writes_that_never_pause() {
+    if common::on_postgres() || common::on_mysql() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(dir.path()).await;
+    let client = server.client().await;
+    let limit = u64::try_from(etcdsql::backend::sqlite::WAL_RESTART_BYTES).unwrap();
+    // Enough values to fill the WAL four times over, from writers that always have one in
+    // flight, so the writer is never idle for a whole background checkpoint.
+    let value = vec![b'x'; 64 * 1024];
+    let to_write = 4 * limit;
+    let written = Arc::new(AtomicU64::new(0));
+    let mut writers = tokio::task::JoinSet::new();
+    for w in 0..8 {
+        let (mut c, value, written) = (client.clone(), value.clone(), written.clone());
+        writers.spawn(async move {
+            let mut i = 0u64;
+            while written.load(Ordering::Relaxed) < to_write {
+                c.put(format!("wal/{w}/{}", i % 8), value.clone(), None)
+                    .await
+                    .unwrap();
+                written.fetch_add(value.len() as u64, Ordering::Relaxed);
+                i += 1;
+            }
+        });
+    }
+    let wal = dir.path().join("state.db-wal");
+    let largest = tokio::time::timeout(Duration::from_secs(300), async {
+        let mut largest = 0;
+        while !writers.is_empty() {
+            largest = largest.max(std::fs::metadata(&wal).map_or(0, |m| m.len()));
+            tokio::select! {
+                done = writers.join_next() => done.unwrap().unwrap(),
+                () = tokio::time::sleep(Duration::from_millis(20)) => {}
+            }
+        }
+        largest
+    })
+    .await
+    .expect("the writers did not finish within 300 s");
+    assert!(
+        largest < 2 * limit,
+        "the WAL grew to {largest} bytes while {} were written; it should start over past {limit}",
+        written.load(Ordering::Relaxed)
+    );
+    server.stop().await;
 }
 
 /// `kill -9` in the middle of concurrent writes: every acknowledged write survives, the log has
