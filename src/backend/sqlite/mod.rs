@@ -108,17 +108,38 @@ pub const WAL_RESTART_BYTES: i64 = 32 * 1024 * 1024;
 /// Bytes of WAL per database page: the page and its frame header.
 const WAL_FRAME_HEADER: i64 = 24;
 
+/// What a passive checkpoint reports.
+struct Checkpointed {
+    /// Another connection's lock stopped it early.
+    busy: bool,
+    /// Frames in the WAL.
+    frames: i64,
+    /// Frames copied to the database file, by this checkpoint or earlier ones.
+    copied: i64,
+}
+
+/// Copies what it can of the WAL into the database file without waiting for any lock.
+async fn checkpoint_passive<'c>(
+    conn: impl sqlx::SqliteExecutor<'c>,
+) -> std::result::Result<Checkpointed, sqlx::Error> {
+    let (busy, frames, copied) =
+        sqlx::query_as::<_, (i64, i64, i64)>("PRAGMA wal_checkpoint(PASSIVE)")
+            .fetch_one(conn)
+            .await?;
+    Ok(Checkpointed {
+        busy: busy != 0,
+        frames,
+        copied,
+    })
+}
+
 /// Checkpoints the WAL every [`CHECKPOINT_INTERVAL`] until aborted, and asks the writer for a
 /// restart once the WAL holds `restart_frames` frames.
 async fn run_checkpoints(pool: SqlitePool, restart_due: Arc<AtomicBool>, restart_frames: i64) {
     loop {
         tokio::time::sleep(CHECKPOINT_INTERVAL).await;
-        // (busy, frames in the WAL, frames copied to the database)
-        match sqlx::query_as::<_, (i64, i64, i64)>("PRAGMA wal_checkpoint(PASSIVE)")
-            .fetch_one(&pool)
-            .await
-        {
-            Ok((_, frames, _)) if frames >= restart_frames => {
+        match checkpoint_passive(&pool).await {
+            Ok(done) if done.frames >= restart_frames => {
                 restart_due.store(true, Ordering::Relaxed);
             }
             Ok(_) => {}
@@ -132,13 +153,13 @@ async fn run_checkpoints(pool: SqlitePool, restart_due: Arc<AtomicBool>, restart
 /// transaction starts the WAL over (unless a reader still reads frames from it; the next
 /// background pass then asks again). A failure costs only the restart.
 async fn restart_wal(conn: &mut SqliteConnection) {
-    match sqlx::query_as::<_, (i64, i64, i64)>("PRAGMA wal_checkpoint(PASSIVE)")
-        .fetch_one(&mut *conn)
-        .await
-    {
-        Ok((busy, frames, copied)) => {
-            tracing::debug!(busy, frames, copied, "writer checkpointed the WAL's tail");
-        }
+    match checkpoint_passive(&mut *conn).await {
+        Ok(done) => tracing::debug!(
+            busy = done.busy,
+            frames = done.frames,
+            copied = done.copied,
+            "writer checkpointed the WAL's tail"
+        ),
         Err(e) => tracing::warn!(error = %e, "writer's WAL checkpoint failed"),
     }
 }
