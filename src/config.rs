@@ -90,6 +90,17 @@ pub struct Config {
     )]
     pub quota_backend_bytes: i64,
 
+    /// SQLite: once the WAL holds this many bytes, the writer checkpoints between two batches
+    /// so that the WAL starts over; under writes that never pause it would otherwise grow for
+    /// as long as they last. Each restart holds writes up for one fsync of the database file.
+    #[arg(
+        long,
+        env = "ETCDSQL_SQLITE_WAL_RESTART_BYTES",
+        default_value_t = crate::backend::sqlite::DEFAULT_WAL_RESTART_BYTES,
+        value_parser = clap::value_parser!(i64).range(1024 * 1024..)
+    )]
+    pub sqlite_wal_restart_bytes: i64,
+
     /// Most operations (compares, or ops per branch) one txn may hold.
     #[arg(long, env = "ETCDSQL_MAX_TXN_OPS", default_value_t = 128)]
     pub max_txn_ops: usize,
@@ -246,6 +257,15 @@ mod tests {
         assert_eq!(c.max_request_bytes, 1_572_864);
         assert_eq!(c.max_txn_ops, 128);
         assert_eq!(c.endpoint, "sqlite://./db/state.db");
+    }
+
+    #[test]
+    fn the_sqlite_wal_bound_is_at_least_a_mebibyte() {
+        let parse = |v: &str| Config::try_parse_from(["etcdsql", "--sqlite-wal-restart-bytes", v]);
+        assert_eq!(Config::defaults().sqlite_wal_restart_bytes, 256 << 20);
+        assert_eq!(parse("1048576").unwrap().sqlite_wal_restart_bytes, 1 << 20);
+        assert!(parse("1048575").is_err());
+        assert!(parse("-1").is_err());
     }
 
     #[test]

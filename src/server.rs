@@ -116,6 +116,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Runnin
         max_connections: config.db_max_connections,
         idle_timeout: config.db_idle_timeout,
         connect_timeout: config.db_connect_timeout,
+        sqlite_wal_restart_bytes: config.sqlite_wal_restart_bytes,
     };
     // Every database call is timed; the decorator forwards everything else unchanged.
     let backend = metrics::instrument(backend::open(&config.endpoint, &pool).await?, &metrics);

@@ -252,16 +252,20 @@ async fn the_binary_runs_without_transparent_huge_pages() {
 }
 
 /// Writes that never pause still let the SQLite WAL start over, so its file stays near
-/// `WAL_RESTART_BYTES` rather than growing with everything written (backend/sqlite).
+/// its configured bound rather than growing with everything written (backend/sqlite).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_sqlite_wal_starts_over_under_writes_that_never_pause() {
     if common::on_postgres() || common::on_mysql() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let server = TestServer::start(dir.path()).await;
+    // Smaller than the default, so that writing the WAL full four times takes seconds.
+    let limit: u64 = 32 * 1024 * 1024;
+    let server = TestServer::start_with(dir.path(), |c| {
+        c.sqlite_wal_restart_bytes = i64::try_from(limit).unwrap();
+    })
+    .await;
     let client = server.client().await;
-    let limit = u64::try_from(etcdsql::backend::sqlite::WAL_RESTART_BYTES).unwrap();
     // Enough values to fill the WAL four times over, from writers that always have one in
     // flight, so the writer is never idle for a whole background checkpoint. The values are
     // small enough that the WAL grows by well under the bound while one background pass runs,

@@ -404,6 +404,8 @@ pub struct PoolOptions {
     pub max_connections: u32,
     pub idle_timeout: std::time::Duration,
     pub connect_timeout: std::time::Duration,
+    /// SQLite only: the WAL size past which the writer starts the WAL over.
+    pub sqlite_wal_restart_bytes: i64,
 }
 
 impl Default for PoolOptions {
@@ -412,6 +414,7 @@ impl Default for PoolOptions {
             max_connections: 16,
             idle_timeout: std::time::Duration::from_secs(300),
             connect_timeout: std::time::Duration::from_secs(5),
+            sqlite_wal_restart_bytes: sqlite::DEFAULT_WAL_RESTART_BYTES,
         }
     }
 }
@@ -443,7 +446,7 @@ pub async fn open(endpoint: &str, pool: &PoolOptions) -> Result<std::sync::Arc<d
     use core::SqlBackend;
     if let Some(path) = endpoint.strip_prefix("sqlite://") {
         Ok(std::sync::Arc::new(SqlBackend(
-            sqlite::Sqlite::open(path).await?,
+            sqlite::Sqlite::open(path, pool.sqlite_wal_restart_bytes).await?,
         )))
     } else if endpoint.starts_with("postgres://") || endpoint.starts_with("postgresql://") {
         Ok(std::sync::Arc::new(SqlBackend(
