@@ -30,8 +30,8 @@
 //! and the next batch starts the WAL over, in the file's existing blocks. That checkpoint holds
 //! writes up for one fsync of the database file, which under a heavy write load took up to
 //! 80 ms (`benches/scale`, compacting 4,000,000 rows while updating): with a 32 MiB bound the
-//! WAL restarted every few seconds there and the slowest `begin_write` took 102 ms, against
-//! 26 ms with the default bound, which makes restarts rare.
+//! WAL restarted every few seconds there and the slowest `begin_write` took up to 102 ms,
+//! against up to 26 ms with the default bound, which makes restarts rare.
 //!
 //! One etcdsql process owns the file: a second process writing the same file would be serialised
 //! by SQLite but its commits would not wake this process's watchers. Use PostgreSQL for several.
