@@ -28,6 +28,7 @@
 pub mod api;
 pub mod auth;
 pub mod backend;
+pub mod coalesce;
 pub mod compat;
 pub mod concurrency;
 pub mod config;

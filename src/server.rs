@@ -34,6 +34,7 @@ use crate::api::watch::WatchService;
 use crate::api::{self, ServerInfo};
 use crate::auth::{self, AuthStore};
 use crate::backend;
+use crate::coalesce::{Coalesce, InFlight};
 use crate::compat::AuthorityFix;
 use crate::concurrency::Recipes;
 use crate::config::Config;
@@ -242,10 +243,13 @@ fn serve(
 ) -> impl Future<Output = Result<(), tonic::transport::Error>> + Send + 'static {
     // TLS is already done when a connection comes out of the listener; the authority repair
     // (etcdctl 3.4 sends URL-valued `:authority` headers that h2 would reject) reads the
-    // decrypted HTTP/2 frames.
-    let incoming = listener
-        .accept(tasks, shutdown.clone())
-        .map(|conn| conn.map(AuthorityFix::new));
+    // decrypted HTTP/2 frames. Under it, responses gather into one send per pass of the runtime
+    // while the listener has requests in hand.
+    let in_flight = InFlight::default();
+    let layer = in_flight.layer();
+    let incoming = listener.accept(tasks, shutdown.clone()).map(move |conn| {
+        conn.map(|conn| AuthorityFix::new(Coalesce::new(conn, in_flight.clone())))
+    });
     tonic::transport::Server::builder()
         .accept_http1(true)
         // Answer clients' keepalive pings and detect dead peers; kube-apiserver holds
@@ -254,6 +258,7 @@ fn serve(
         .http2_keepalive_timeout(Some(Duration::from_secs(10)))
         .max_concurrent_streams(None)
         .layer(metrics.grpc_layer())
+        .layer(layer)
         .add_routes(routes)
         .serve_with_incoming_shutdown(incoming, shutdown.clone().cancelled_owned())
 }

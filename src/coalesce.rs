@@ -1,0 +1,529 @@
+//! Gathers a connection's writes until the runtime has nothing else ready to run, then sends them
+//! in one system call.
+//!
+//! # Why
+//! `h2` flushes the socket at the end of every poll of its connection task, and it must flush
+//! before it buffers a second DATA frame of 256 bytes or more, so a response to a get usually
+//! leaves in a `writev` of its own. On a loopback or LAN connection that call is most of a
+//! small request's cost: the sender's kernel also runs the receiver's TCP stack, and every
+//! segment wakes the reader. With many streams on one connection, the responses that become
+//! ready in one pass of the runtime's queue can share one call, the way grpc-go's writer only
+//! flushes once it has nothing left to send.
+//!
+//! # How
+//! [`Coalesce`] wraps the accepted connection under the HTTP/2 server:
+//! - Writes smaller than [`LARGE`] are copied into a buffer; larger ones (a 16 KiB DATA frame
+//!   of a list) send what is buffered and then go straight to the socket, uncopied.
+//! - A flush sends at once when nothing would be gained by waiting: no request on the listener
+//!   is being handled ([`InFlight`], counted by a tower layer from the moment the server
+//!   accepts a request until its handler returns the response), so no other response is coming
+//!   and a lone client should not pay for a pass of the runtime; or [`LARGE`] bytes are
+//!   buffered already, enough for one call's worth (a large response held back would only
+//!   delay the client's flow-control window updates).
+//! - Otherwise the first flush does not write: it defers a wake of the connection's task to
+//!   the runtime's next pass (`tokio::task::yield_now`'s mechanism: deferred wakes run once the
+//!   worker has drained its queue, or every few dozen tasks) and reports the flush done.
+//!   Stream tasks that run meanwhile add their responses to the same buffer.
+//! - Once that wake has fired, the next touch of the connection (a read, a write or a flush;
+//!   the woken task always reads) sends everything buffered.
+//!
+//! # Guarantees
+//! - Bytes leave in the order they were written, none is dropped, and buffered bytes never
+//!   wait for another client's request: the deferred wake comes on its own.
+//! - A shutdown sends everything buffered first.
+//! - Fewer than 2 × [`LARGE`] bytes are held per connection, and a write that finds the buffer
+//!   full waits for the socket, so a slow reader still pushes back on the server.
+//! - Outside a runtime worker the wake is not deferred, and each flush writes at once.
+
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::task::{Context, Poll, Wake, Waker, ready};
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tonic::transport::server::Connected;
+
+/// Requests a listener has accepted and not yet answered (their response headers).
+#[derive(Clone, Debug, Default)]
+pub struct InFlight(Arc<AtomicUsize>);
+
+impl InFlight {
+    /// Wraps a server's service so that it counts its requests here.
+    pub fn layer(&self) -> InFlightLayer {
+        InFlightLayer(self.clone())
+    }
+
+    fn any(&self) -> bool {
+        self.0.load(Ordering::Relaxed) > 0
+    }
+
+    fn enter(&self) -> Entered {
+        self.0.fetch_add(1, Ordering::Relaxed);
+        Entered(self.clone())
+    }
+}
+
+/// One counted request; leaves the count when dropped.
+struct Entered(InFlight);
+
+impl Drop for Entered {
+    fn drop(&mut self) {
+        (self.0).0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// See [`InFlight::layer`].
+#[derive(Clone, Debug)]
+pub struct InFlightLayer(InFlight);
+
+impl<S> tower_layer::Layer<S> for InFlightLayer {
+    type Service = Counted<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        Counted {
+            inner,
+            in_flight: self.0.clone(),
+        }
+    }
+}
+
+/// A service whose calls count in an [`InFlight`] until their future finishes or is dropped.
+#[derive(Clone, Debug)]
+pub struct Counted<S> {
+    inner: S,
+    in_flight: InFlight,
+}
+
+impl<S, R> tower_service::Service<R> for Counted<S>
+where
+    S: tower_service::Service<R>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = CountedFuture<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: R) -> Self::Future {
+        CountedFuture {
+            entered: Some(self.in_flight.enter()),
+            inner: self.inner.call(request),
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// The response future of [`Counted`].
+    pub struct CountedFuture<F> {
+        #[pin]
+        inner: F,
+        entered: Option<Entered>,
+    }
+}
+
+impl<F: Future> Future for CountedFuture<F> {
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let output = ready!(this.inner.poll(cx));
+        this.entered.take();
+        Poll::Ready(output)
+    }
+}
+
+/// Writes at least this large are not copied, and a buffer this full is sent without waiting.
+pub const LARGE: usize = 16 * 1024;
+
+/// A connection whose writes are gathered into one send per pass of the runtime.
+#[derive(Debug)]
+pub struct Coalesce<S> {
+    inner: S,
+    buf: Vec<u8>,
+    /// Bytes of `buf` already sent.
+    sent: usize,
+    /// The deferred wake of the current gathering, until the buffer is sent.
+    pending: Option<Arc<DeferredWake>>,
+    in_flight: InFlight,
+}
+
+impl<S> Coalesce<S> {
+    pub fn new(inner: S, in_flight: InFlight) -> Self {
+        Coalesce {
+            inner,
+            buf: Vec::new(),
+            sent: 0,
+            pending: None,
+            in_flight,
+        }
+    }
+
+    fn buffered(&self) -> usize {
+        self.buf.len() - self.sent
+    }
+}
+
+/// Wakes the connection's task and records that it did.
+#[derive(Debug)]
+struct DeferredWake {
+    fired: AtomicBool,
+    task: Waker,
+}
+
+impl Wake for DeferredWake {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.fired.store(true, Ordering::Release);
+        self.task.wake_by_ref();
+    }
+}
+
+impl<S: AsyncWrite + Unpin> Coalesce<S> {
+    /// Sends everything buffered.
+    fn poll_send(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        while self.sent < self.buf.len() {
+            let n = ready!(Pin::new(&mut self.inner).poll_write(cx, &self.buf[self.sent..]))?;
+            if n == 0 {
+                return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+            }
+            self.sent += n;
+        }
+        self.buf.clear();
+        self.sent = 0;
+        self.pending = None;
+        Poll::Ready(Ok(()))
+    }
+
+    /// Sends the buffer if the runtime has had its pass since it was gathered.
+    fn poll_send_due(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match &self.pending {
+            Some(wake) if wake.fired.load(Ordering::Acquire) => self.poll_send(cx),
+            _ => Poll::Ready(Ok(())),
+        }
+    }
+
+    /// Arranges for the buffer to be sent after the runtime's next pass.
+    fn defer_send(&mut self, cx: &mut Context<'_>) {
+        if self.pending.is_some() {
+            return;
+        }
+        let wake = Arc::new(DeferredWake {
+            fired: AtomicBool::new(false),
+            task: cx.waker().clone(),
+        });
+        let waker = Waker::from(wake.clone());
+        let mut yielding = std::pin::pin!(tokio::task::yield_now());
+        // The first poll only hands the waker to the runtime's deferred list.
+        let _ = yielding.as_mut().poll(&mut Context::from_waker(&waker));
+        self.pending = Some(wake);
+    }
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for Coalesce<S> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        // A full socket only postpones the send; a failed one is reported by the next write.
+        let _ = this.poll_send_due(cx);
+        Pin::new(&mut this.inner).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Coalesce<S> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        self.poll_write_vectored(cx, &[io::IoSlice::new(buf)])
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        ready!(this.poll_send_due(cx))?;
+        let len: usize = bufs.iter().map(|b| b.len()).sum();
+        if len >= LARGE || this.buffered() >= LARGE {
+            ready!(this.poll_send(cx))?;
+            if len >= LARGE {
+                return Pin::new(&mut this.inner).poll_write_vectored(cx, bufs);
+            }
+        }
+        for b in bufs {
+            this.buf.extend_from_slice(b);
+        }
+        Poll::Ready(Ok(len))
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        true
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if this.buffered() > 0 {
+            ready!(this.poll_send_due(cx))?;
+        }
+        if this.buffered() > 0 {
+            if this.buffered() >= LARGE || !this.in_flight.any() {
+                ready!(this.poll_send(cx))?;
+            } else {
+                this.defer_send(cx);
+                return Poll::Ready(Ok(()));
+            }
+        }
+        Pin::new(&mut this.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        ready!(this.poll_send(cx))?;
+        ready!(Pin::new(&mut this.inner).poll_flush(cx))?;
+        Pin::new(&mut this.inner).poll_shutdown(cx)
+    }
+}
+
+impl<S: Connected> Connected for Coalesce<S> {
+    type ConnectInfo = S::ConnectInfo;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.inner.connect_info()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A socket stand-in that records each write call; reads find nothing yet.
+    #[derive(Default)]
+    struct Recorder {
+        sends: Vec<Vec<u8>>,
+        shut: bool,
+    }
+
+    impl AsyncRead for Recorder {
+        fn poll_read(
+            self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            _: &mut ReadBuf<'_>,
+        ) -> Poll<io::Result<()>> {
+            Poll::Pending
+        }
+    }
+
+    impl AsyncWrite for Recorder {
+        fn poll_write(
+            self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            buf: &[u8],
+        ) -> Poll<io::Result<usize>> {
+            self.get_mut().sends.push(buf.to_vec());
+            Poll::Ready(Ok(buf.len()))
+        }
+
+        fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+            self.get_mut().shut = true;
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    /// A count with one request being handled, and its entry (keep it alive).
+    fn busy() -> (InFlight, Entered) {
+        let in_flight = InFlight::default();
+        let entered = in_flight.enter();
+        (in_flight, entered)
+    }
+
+    #[tokio::test]
+    async fn flushes_in_one_pass_share_one_send_after_it() {
+        let (in_flight, _entered) = busy();
+        let mut conn = Coalesce::new(Recorder::default(), in_flight);
+        for part in [&b"HEADERS"[..], b"DATA", b"TRAILERS"] {
+            conn.write_all(part).await.unwrap();
+            conn.flush().await.unwrap();
+        }
+        assert!(
+            conn.inner.sends.is_empty(),
+            "sent before the runtime's pass"
+        );
+        tokio::task::yield_now().await;
+        conn.flush().await.unwrap();
+        assert_eq!(conn.inner.sends, vec![b"HEADERSDATATRAILERS".to_vec()]);
+
+        // The next gathering starts afresh.
+        conn.write_all(b"PING").await.unwrap();
+        conn.flush().await.unwrap();
+        assert_eq!(conn.inner.sends.len(), 1);
+        tokio::task::yield_now().await;
+        conn.flush().await.unwrap();
+        assert_eq!(conn.inner.sends[1], b"PING");
+    }
+
+    #[tokio::test]
+    async fn the_woken_task_sends_when_it_reads() {
+        let (in_flight, _entered) = busy();
+        let mut conn = Coalesce::new(Recorder::default(), in_flight);
+        conn.write_all(b"response").await.unwrap();
+        conn.flush().await.unwrap();
+        tokio::task::yield_now().await;
+        let mut buf = [0u8; 16];
+        let read = std::future::poll_fn(|cx| {
+            let mut rb = ReadBuf::new(&mut buf);
+            Poll::Ready(Pin::new(&mut conn).poll_read(cx, &mut rb).is_pending())
+        })
+        .await;
+        assert!(read, "nothing to read");
+        assert_eq!(conn.inner.sends, vec![b"response".to_vec()]);
+    }
+
+    #[tokio::test]
+    async fn shutdown_sends_what_is_buffered() {
+        let (in_flight, _entered) = busy();
+        let mut conn = Coalesce::new(Recorder::default(), in_flight);
+        conn.write_all(b"GOAWAY").await.unwrap();
+        conn.flush().await.unwrap();
+        conn.shutdown().await.unwrap();
+        assert_eq!(conn.inner.sends, vec![b"GOAWAY".to_vec()]);
+        assert!(conn.inner.shut);
+    }
+
+    #[tokio::test]
+    async fn a_reader_that_does_not_read_holds_the_writer_back() {
+        let (server, mut client) = tokio::io::duplex(1024);
+        let (in_flight, _entered) = busy();
+        let mut conn = Coalesce::new(server, in_flight);
+        let chunk = vec![7u8; 1000];
+        let mut accepted = 0;
+        let stalled = std::future::poll_fn(|cx| {
+            loop {
+                match Pin::new(&mut conn).poll_write(cx, &chunk) {
+                    Poll::Ready(Ok(n)) => accepted += n,
+                    Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                    Poll::Pending => return Poll::Ready(Ok(())),
+                }
+                if accepted > 16 * LARGE {
+                    return Poll::Ready(Ok(()));
+                }
+            }
+        })
+        .await;
+        stalled.unwrap();
+        assert!(
+            accepted < 2 * LARGE + 1024,
+            "took {accepted} bytes with the reader stalled"
+        );
+
+        // Once the reader reads, everything taken arrives, in order.
+        let reader = tokio::spawn(async move {
+            let mut got = Vec::new();
+            client.read_to_end(&mut got).await.map(|_| got)
+        });
+        conn.shutdown().await.unwrap();
+        drop(conn);
+        let got = tokio::time::timeout(std::time::Duration::from_secs(10), reader)
+            .await
+            .expect("the reader finished")
+            .unwrap()
+            .unwrap();
+        assert_eq!(got.len(), accepted);
+        assert!(got.iter().all(|&b| b == 7));
+    }
+
+    #[tokio::test]
+    async fn with_no_request_in_flight_a_flush_sends_at_once() {
+        let in_flight = InFlight::default();
+        let mut conn = Coalesce::new(Recorder::default(), in_flight.clone());
+        conn.write_all(b"watch event").await.unwrap();
+        conn.flush().await.unwrap();
+        assert_eq!(conn.inner.sends, vec![b"watch event".to_vec()]);
+
+        // A request being handled makes the next flush wait for the runtime's pass.
+        let entered = in_flight.enter();
+        conn.write_all(b"response").await.unwrap();
+        conn.flush().await.unwrap();
+        assert_eq!(conn.inner.sends.len(), 1);
+        drop(entered);
+        tokio::task::yield_now().await;
+        conn.flush().await.unwrap();
+        assert_eq!(conn.inner.sends[1], b"response");
+    }
+
+    #[tokio::test]
+    async fn a_request_counts_until_its_response_is_ready() {
+        use tower::{Layer, ServiceExt};
+        let in_flight = InFlight::default();
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let rx = Arc::new(std::sync::Mutex::new(Some(rx)));
+        let service = in_flight.layer().layer(tower::service_fn(move |_: ()| {
+            let rx = rx.lock().unwrap().take();
+            async move {
+                if let Some(rx) = rx {
+                    let _ = rx.await;
+                }
+                Ok::<_, std::convert::Infallible>(())
+            }
+        }));
+        let slow = tokio::spawn(service.clone().oneshot(()));
+        tokio::task::yield_now().await;
+        assert!(in_flight.any(), "the waiting request is counted");
+        service.clone().oneshot(()).await.unwrap();
+        assert!(in_flight.any(), "another request's answer does not end it");
+        tx.send(()).unwrap();
+        slow.await.unwrap().unwrap();
+        assert!(!in_flight.any());
+
+        // A request dropped unanswered (the client went away) leaves the count too.
+        let (_tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let rx = Arc::new(std::sync::Mutex::new(Some(rx)));
+        let service = in_flight.layer().layer(tower::service_fn(move |_: ()| {
+            let rx = rx.lock().unwrap().take();
+            async move {
+                if let Some(rx) = rx {
+                    let _ = rx.await;
+                }
+                Ok::<_, std::convert::Infallible>(())
+            }
+        }));
+        let mut call = Box::pin(service.oneshot(()));
+        assert!(std::future::poll_fn(|cx| Poll::Ready(call.as_mut().poll(cx).is_pending())).await);
+        assert!(in_flight.any());
+        drop(call);
+        assert!(!in_flight.any());
+    }
+
+    #[tokio::test]
+    async fn large_writes_are_not_held_back() {
+        let (in_flight, _entered) = busy();
+        let mut conn = Coalesce::new(Recorder::default(), in_flight);
+        conn.write_all(b"HEADERS").await.unwrap();
+        let frame = vec![1u8; LARGE];
+        conn.write_all(&frame).await.unwrap();
+        assert_eq!(conn.inner.sends, vec![b"HEADERS".to_vec(), frame]);
+
+        // Small writes that add up to a call's worth are sent at the flush.
+        for _ in 0..LARGE / 1024 {
+            conn.write_all(&[2u8; 1024]).await.unwrap();
+        }
+        conn.flush().await.unwrap();
+        assert_eq!(conn.inner.sends.len(), 3);
+        assert_eq!(conn.inner.sends[2].len(), LARGE);
+    }
+}
