@@ -466,21 +466,37 @@ mod tests {
         assert_eq!(conn.inner.sends[1], b"response");
     }
 
+    /// A counted service whose first call waits for `release`; later calls answer at once.
+    fn first_call_waits(
+        in_flight: &InFlight,
+        release: tokio::sync::oneshot::Receiver<()>,
+    ) -> impl tower_service::Service<
+        (),
+        Response = (),
+        Error = std::convert::Infallible,
+        Future: Send + 'static,
+    > + Clone
+    + Send
+    + 'static {
+        use tower::Layer;
+        let release = Arc::new(std::sync::Mutex::new(Some(release)));
+        in_flight.layer().layer(tower::service_fn(move |_: ()| {
+            let release = release.lock().unwrap().take();
+            async move {
+                if let Some(release) = release {
+                    let _ = release.await;
+                }
+                Ok(())
+            }
+        }))
+    }
+
     #[tokio::test]
     async fn a_request_counts_until_its_response_is_ready() {
-        use tower::{Layer, ServiceExt};
+        use tower::ServiceExt;
         let in_flight = InFlight::default();
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        let rx = Arc::new(std::sync::Mutex::new(Some(rx)));
-        let service = in_flight.layer().layer(tower::service_fn(move |_: ()| {
-            let rx = rx.lock().unwrap().take();
-            async move {
-                if let Some(rx) = rx {
-                    let _ = rx.await;
-                }
-                Ok::<_, std::convert::Infallible>(())
-            }
-        }));
+        let service = first_call_waits(&in_flight, rx);
         let slow = tokio::spawn(service.clone().oneshot(()));
         tokio::task::yield_now().await;
         assert!(in_flight.any(), "the waiting request is counted");
@@ -492,16 +508,7 @@ mod tests {
 
         // A request dropped unanswered (the client went away) leaves the count too.
         let (_tx, rx) = tokio::sync::oneshot::channel::<()>();
-        let rx = Arc::new(std::sync::Mutex::new(Some(rx)));
-        let service = in_flight.layer().layer(tower::service_fn(move |_: ()| {
-            let rx = rx.lock().unwrap().take();
-            async move {
-                if let Some(rx) = rx {
-                    let _ = rx.await;
-                }
-                Ok::<_, std::convert::Infallible>(())
-            }
-        }));
+        let service = first_call_waits(&in_flight, rx);
         let mut call = Box::pin(service.oneshot(()));
         assert!(std::future::poll_fn(|cx| Poll::Ready(call.as_mut().poll(cx).is_pending())).await);
         assert!(in_flight.any());
