@@ -273,16 +273,13 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Coalesce<S> {
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
+        ready!(this.poll_send_due(cx))?;
         if this.buffered() > 0 {
-            ready!(this.poll_send_due(cx))?;
-        }
-        if this.buffered() > 0 {
-            if this.buffered() >= LARGE || !this.in_flight.any() {
-                ready!(this.poll_send(cx))?;
-            } else {
+            if this.buffered() < LARGE && this.in_flight.any() {
                 this.defer_send(cx);
                 return Poll::Ready(Ok(()));
             }
+            ready!(this.poll_send(cx))?;
         }
         Pin::new(&mut this.inner).poll_flush(cx)
     }
