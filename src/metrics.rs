@@ -86,6 +86,11 @@ struct SourceLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ByLabels {
+    by: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct OutcomeLabels {
     outcome: &'static str,
 }
@@ -122,6 +127,7 @@ struct Inner {
     delete_total: Counter,
     txn_total: Counter,
     range_reads: Family<SourceLabels, Counter>,
+    wal_writes: Family<ByLabels, Counter>,
     /// The store's read counts at the last scrape, which `range_reads` has counted.
     reads_seen: Mutex<ReadStats>,
     lost_revisions: Counter,
@@ -359,6 +365,12 @@ impl Metrics {
             "Range reads by where they were answered: from memory alone (source=memory), or with SQL statements (source=sql)",
             range_reads.clone(),
         );
+        let wal_writes = Family::<ByLabels, Counter>::default();
+        r.register(
+            "etcdsql_sqlite_wal_writes",
+            "Writes to the SQLite write-ahead log: as SQLite asked for them (by=sqlite, two per page), and as the writer sent them to the file, each commit's pages together (by=file)",
+            wal_writes.clone(),
+        );
         let presumed_batches = Family::<OutcomeLabels, Counter>::default();
         r.register(
             "etcdsql_write_presumed_batches",
@@ -434,6 +446,7 @@ impl Metrics {
                 delete_total,
                 txn_total,
                 range_reads,
+                wal_writes,
                 reads_seen: Mutex::new(ReadStats::default()),
                 lost_revisions,
                 lost_seen: AtomicU64::new(0),
@@ -525,6 +538,11 @@ impl Metrics {
             m.presumed_batches
                 .get_or_create(&OutcomeLabels { outcome })
                 .inc_by(now.saturating_sub(before));
+        }
+        let (asked, sent) = crate::backend::sqlite::wal_writes();
+        for (by, now) in [("sqlite", asked), ("file", sent)] {
+            let counter = m.wal_writes.get_or_create(&ByLabels { by });
+            counter.inc_by(now.saturating_sub(counter.get()));
         }
         let oldest = lock(&m.behind_since).values().min().copied();
         m.watch_behind

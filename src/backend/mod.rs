@@ -201,6 +201,8 @@ pub enum Error {
         path: String,
         source: std::io::Error,
     },
+    #[error("cannot register SQLite's file layer for the writer (SQLite result code {0})")]
+    Vfs(std::ffi::c_int),
     #[error("cannot make the write-ahead log durable: {0}")]
     Sync(std::io::Error),
     #[error("the data store is not empty: a backup restores only into an empty one")]

@@ -37,6 +37,7 @@
 //! by SQLite but its commits would not wake this process's watchers. Use PostgreSQL for several.
 
 mod sql;
+mod vfs;
 
 use std::path::Path;
 use std::str::FromStr;
@@ -53,6 +54,7 @@ use sqlx::sqlite::{
 use tokio::sync::{Mutex, OwnedMappedMutexGuard, OwnedMutexGuard, OwnedSemaphorePermit, Semaphore};
 
 pub use sql::{count_query, scan_query};
+pub use vfs::wal_writes;
 
 use super::core::{Arg, Connector, Session, Sql, Stmt, bind_scalar, bound};
 use super::{Copied, DbSize, Error, Result};
@@ -319,9 +321,12 @@ impl Sqlite {
             .busy_timeout(Duration::from_secs(10))
             .pragma("cache_size", "-32768")
             .pragma("temp_store", "memory");
+        // The writer's WAL writes go through the layer that sends a commit in one write.
+        vfs::register().map_err(Error::Vfs)?;
         let mut writer = SqliteConnection::connect_with(
             &base
                 .clone()
+                .vfs(vfs::NAME)
                 .synchronous(SqliteSynchronous::Normal)
                 .pragma("cache_size", format!("-{WRITER_CACHE_KIB}"))
                 .pragma("wal_autocheckpoint", "0"),
