@@ -188,11 +188,7 @@ unsafe fn send(file: *mut File) -> c_int {
         if held.bytes.is_empty() {
             return ffi::SQLITE_OK;
         }
-        HOLDING.with(|h| {
-            if h.get() == file {
-                h.set(ptr::null_mut());
-            }
-        });
+        forget(file);
         held.commit_next = false;
         let Some(write) = real_methods(file).xWrite else {
             held.bytes.clear();
@@ -213,6 +209,15 @@ unsafe fn send(file: *mut File) -> c_int {
         held.bytes.clear();
         rc
     }
+}
+
+/// Takes `file` out of this thread's [`HOLDING`], if it is there.
+fn forget(file: *mut File) {
+    HOLDING.with(|h| {
+        if h.get() == file {
+            h.set(ptr::null_mut());
+        }
+    });
 }
 
 /// Sends what this thread holds, wherever it is held.
@@ -281,11 +286,8 @@ unsafe extern "C" fn x_close(file: *mut ffi::sqlite3_file) -> c_int {
     // SAFETY: SQLite closes an open file once; its memory is not touched after this.
     unsafe {
         let sent = send(this);
-        HOLDING.with(|h| {
-            if h.get() == this {
-                h.set(ptr::null_mut());
-            }
-        });
+        // Even with nothing held: a failed write may have left it named.
+        forget(this);
         let rc = match real_methods(this).xClose {
             Some(close) => close((*this).real),
             None => ffi::SQLITE_OK,
