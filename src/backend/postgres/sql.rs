@@ -252,77 +252,38 @@ fn column<'a, T>(rows: &'a [LogRow], f: impl Fn(&'a LogRow) -> T) -> Vec<T> {
     rows.iter().map(f).collect()
 }
 
-/// The parts of a batch's statement, each taking its rows as one array per column: the log's
-/// new rows; what each replaced (`kv_replaced`); and each key's newest row (`kv_head`).
-macro_rules! insert_unnest {
-    () => {
-        "INSERT INTO kv_log (revision, sub, name, created, deleted, create_revision, \
+/// A batch's rows in one statement, one round trip, each part taking its rows as one array per
+/// column: the log's new rows; what each replaced (`kv_replaced`); and each key's newest row
+/// (`kv_head`). For the rows a txn writes before it reads; a batch's last rows go through
+/// [`append`].
+fn insert_rows(rows: &[LogRow]) -> Vec<Stmt<'_>> {
+    let sql = "WITH inserted AS (\
+         INSERT INTO kv_log (revision, sub, name, created, deleted, create_revision, \
          prev_revision, version, lease, value, old_lease) \
          SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::bytea[], $4::boolean[], \
          $5::boolean[], $6::bigint[], $7::bigint[], $8::bigint[], $9::bigint[], $10::bytea[], \
-         $11::bigint[])"
-    };
-}
-macro_rules! insert_replaced {
-    () => {
-        "INSERT INTO kv_replaced (superseded_by, name, revision, deleted) \
-         SELECT * FROM unnest($12::bigint[], $13::bytea[], $14::bigint[], $15::boolean[])"
-    };
-}
-macro_rules! upsert_heads {
-    () => {
-        upsert_heads!("")
-    };
-    ($filter:literal) => {
-        concat!(
-            "INSERT INTO kv_head (name, revision, deleted) \
-             SELECT * FROM unnest($16::bytea[], $17::bigint[], $18::boolean[])",
-            $filter,
-            " ON CONFLICT (name) DO UPDATE SET revision = excluded.revision, \
-             deleted = excluded.deleted"
-        )
-    };
-}
-
-/// A batch's rows in one statement, one round trip.
-fn insert_rows(rows: &[LogRow]) -> Vec<Stmt<'_>> {
-    let sql = concat!(
-        "WITH inserted AS (",
-        insert_unnest!(),
-        "), replaced AS (",
-        insert_replaced!(),
-        ") ",
-        upsert_heads!()
-    );
+         $11::bigint[])), \
+         replaced AS (INSERT INTO kv_replaced (superseded_by, name, revision, deleted) \
+         SELECT * FROM unnest($12::bigint[], $13::bytea[], $14::bigint[], $15::boolean[])) \
+         INSERT INTO kv_head (name, revision, deleted) \
+         SELECT * FROM unnest($16::bytea[], $17::bigint[], $18::boolean[]) \
+         ON CONFLICT (name) DO UPDATE SET revision = excluded.revision, deleted = excluded.deleted";
     vec![rows_stmt(sql, rows)]
 }
 
 /// [`insert_rows`], the new current revision and its NOTIFY, all in one statement, which can
-/// be a transaction of its own: it takes the writers' lock and writes only if the current
-/// revision is still `$20`, the one the batch began at. Its statement's snapshot may be older than
-/// the lock, but the update of the current revision tests the newest version of the row (READ
-/// COMMITTED rechecks a row that a transaction committed since the snapshot), and every other
-/// part writes only the rows that update returns: one, or none if another writer committed.
+/// be a transaction of its own: migration 0007's function, which takes the writers' lock and
+/// writes only if the current revision is still `$20`, the one the batch began at, and returns
+/// a row only if it wrote. A function because PL/pgSQL keeps one plan for its statements, where
+/// this session's own statements are planned afresh at each call (see the migration).
 fn append(rows: &[LogRow], before: i64, current: i64) -> Vec<Stmt<'_>> {
-    let sql = concat!(
-        "WITH locked AS (SELECT pg_advisory_xact_lock(",
-        writer_lock!(),
-        ")), moved AS (UPDATE meta SET value = $19 WHERE name = 'current_revision' \
-         AND value = $20 AND EXISTS (SELECT FROM locked) RETURNING value), inserted AS (",
-        insert_unnest!(),
-        " WHERE EXISTS (SELECT FROM moved)), replaced AS (",
-        insert_replaced!(),
-        " WHERE EXISTS (SELECT FROM moved)), heads AS (",
-        upsert_heads!(" WHERE EXISTS (SELECT FROM moved)"),
-        ") SELECT pg_notify('",
-        commit_channel!(),
-        "', value::text) FROM moved"
-    );
+    let sql = "SELECT * FROM etcdsql_append($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, \
+               $13, $14, $15, $16, $17, $18, $19, $20)";
     vec![rows_stmt(sql, rows).int(current).int(before)]
 }
 
-/// `sql` with the parameters `$1`..`$18` of [`insert_unnest`], [`insert_replaced`] and
-/// [`upsert_heads`] for `rows`.
+/// `sql` with the parameters `$1`..`$18` of [`insert_rows`] (and of [`append`]'s function)
+/// for `rows`.
 fn rows_stmt<'a>(sql: &'static str, rows: &'a [LogRow]) -> Stmt<'a> {
     // A row that follows one replaces it; the replaced row was a tombstone exactly when this
     // one created the key again.
