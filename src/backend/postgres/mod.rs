@@ -24,7 +24,7 @@
 //! outside any transaction, which takes the lock, moves the current revision only if it is
 //! still the presumed one, writes the rows only if it moved, and commits as it returns. One
 //! round trip holds the lock instead of three. That statement calls a PL/pgSQL function
-//! (migration 0007), which plans its statements once per session: this backend's sessions
+//! (migrations 0007 and 0008), which plans its statements once per session: this backend's sessions
 //! plan their own statements afresh at every call (see `SESSION_SETTINGS`), and planning the
 //! batch's statement cost about a seventh of PostgreSQL's CPU.
 //!
@@ -588,11 +588,11 @@ mod tests {
         assert_eq!(writer_lock!(), WRITER_LOCK.to_string());
     }
 
-    /// The batch's function (migration 0007) takes the same lock and notifies on the same
-    /// channel as every other writer.
+    /// The batch's function (migration 0007, redefined by 0008) takes the same lock and
+    /// notifies on the same channel as every other writer.
     #[test]
     fn the_append_function_takes_the_writers_lock_and_notifies() {
-        let migration = include_str!("../../../migrations/postgres/0007_append_function.sql");
+        let migration = include_str!("../../../migrations/postgres/0008_insert_rows_function.sql");
         let lock = format!("PERFORM pg_advisory_xact_lock({WRITER_LOCK});");
         assert!(
             migration.contains(&lock),

@@ -255,26 +255,17 @@ fn column<'a, T>(rows: &'a [LogRow], f: impl Fn(&'a LogRow) -> T) -> Vec<T> {
 /// A batch's rows in one statement, one round trip, each part taking its rows as one array per
 /// column: the log's new rows; what each replaced (`kv_replaced`); and each key's newest row
 /// (`kv_head`). For the rows a txn writes before it reads; a batch's last rows go through
-/// [`append`].
+/// [`append`]. Both call migration 0008's function, the one place that inserts rows.
 fn insert_rows(rows: &[LogRow]) -> Vec<Stmt<'_>> {
-    let sql = "WITH inserted AS (\
-         INSERT INTO kv_log (revision, sub, name, created, deleted, create_revision, \
-         prev_revision, version, lease, value, old_lease) \
-         SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::bytea[], $4::boolean[], \
-         $5::boolean[], $6::bigint[], $7::bigint[], $8::bigint[], $9::bigint[], $10::bytea[], \
-         $11::bigint[])), \
-         replaced AS (INSERT INTO kv_replaced (superseded_by, name, revision, deleted) \
-         SELECT * FROM unnest($12::bigint[], $13::bytea[], $14::bigint[], $15::boolean[])) \
-         INSERT INTO kv_head (name, revision, deleted) \
-         SELECT * FROM unnest($16::bytea[], $17::bigint[], $18::boolean[]) \
-         ON CONFLICT (name) DO UPDATE SET revision = excluded.revision, deleted = excluded.deleted";
+    let sql = "SELECT etcdsql_insert_rows($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, \
+               $13, $14, $15, $16, $17, $18)";
     vec![rows_stmt(sql, rows)]
 }
 
 /// [`insert_rows`], the new current revision and its NOTIFY, all in one statement, which can
-/// be a transaction of its own: migration 0007's function, which takes the writers' lock and
-/// writes only if the current revision is still `$20`, the one the batch began at, and returns
-/// a row only if it wrote. A function because PL/pgSQL keeps one plan for its statements, where
+/// be a transaction of its own: migration 0007's function (as 0008 redefines it), which takes the
+/// writers' lock and writes only if the current revision is still `$20`, the one the batch began
+/// at, and returns a row only if it wrote. A function because PL/pgSQL keeps one plan for its statements, where
 /// this session's own statements are planned afresh at each call (see the migration).
 fn append(rows: &[LogRow], before: i64, current: i64) -> Vec<Stmt<'_>> {
     let sql = "SELECT * FROM etcdsql_append($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, \
