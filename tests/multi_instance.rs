@@ -668,3 +668,420 @@ async fn an_instance_is_not_sent_back_to_the_log_for_its_own_commits() {
     );
     a.stop().await;
 }
+
+/// Two backends on one PostgreSQL database, as two instances have them, and its endpoint;
+/// `None` on other databases, where writers presume nothing.
+async fn two_postgres_backends(
+    dir: &std::path::Path,
+) -> Option<(
+    std::sync::Arc<dyn etcdsql::backend::Backend>,
+    std::sync::Arc<dyn etcdsql::backend::Backend>,
+    String,
+)> {
+    if !common::on_postgres() {
+        eprintln!("skipped: presumed batches need ETCDSQL_TEST_BACKEND=postgres");
+        return None;
+    }
+    let endpoint = common::test_endpoint(dir);
+    let options = Default::default();
+    let a = etcdsql::backend::open(&endpoint, &options).await.unwrap();
+    let b = etcdsql::backend::open(&endpoint, &options).await.unwrap();
+    Some((a, b, endpoint))
+}
+
+/// The row that creates `key` at `revision`, its value the key, attached to `lease`.
+fn created_row(key: &str, revision: i64, lease: i64) -> etcdsql::backend::LogRow {
+    etcdsql::backend::LogRow {
+        revision,
+        sub: 0,
+        key: key.as_bytes().to_vec(),
+        created: true,
+        deleted: false,
+        create_revision: revision,
+        prev_revision: 0,
+        version: 1,
+        lease,
+        value: key.as_bytes().to_vec(),
+        old_value: None,
+        old_lease: 0,
+    }
+}
+
+/// A presumed batch reads the leases its Puts name before it takes the writers' lock, and its
+/// append checks them again under the lock (PostgreSQL): a lease another instance revoked in
+/// between (one with no keys, whose revocation moves no revision) fails the append, which then
+/// writes nothing, and the writer runs the batch again. The earlier form of the function, which
+/// instances of the previous release call, still answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_presumed_batch_checks_its_leases_again_under_the_writers_lock() {
+    use etcdsql::backend::{self, LeaseRow};
+    let dir = tempfile::tempdir().unwrap();
+    let Some((a, b, endpoint)) = two_postgres_backends(dir.path()).await else {
+        return;
+    };
+    let mut tx = b.write().await.unwrap();
+    for id in [7, 8] {
+        let lease = LeaseRow {
+            id,
+            ttl: 600,
+            expires_at: i64::MAX / 2,
+        };
+        assert!(tx.insert_lease(&lease).await.unwrap());
+    }
+    tx.commit().await.unwrap();
+    let current = a.read().await.unwrap().revisions().await.unwrap().current;
+    let row = |lease: i64| created_row("leased/x", current + 1, lease);
+
+    let mut tx = a.write_presuming(current).await.unwrap().expect("presumes");
+    assert_eq!(tx.leases_ahead(&[7, 8, 9]).await.unwrap(), vec![7, 8]);
+    let mut revoke = b.write().await.unwrap();
+    assert!(revoke.delete_lease(7).await.unwrap());
+    revoke.commit().await.unwrap();
+    let refused = tx.append(&[row(7)], current, current + 1, &[7], None).await;
+    assert!(
+        refused.as_ref().is_err_and(backend::Error::is_moved),
+        "appended rows attached to a revoked lease: {refused:?}"
+    );
+    drop(tx);
+    let mut read = a.read().await.unwrap();
+    assert_eq!(read.revisions().await.unwrap().current, current);
+    assert!(read.latest(b"leased/x").await.unwrap().is_none());
+    drop(read);
+
+    let mut tx = a.write_presuming(current).await.unwrap().expect("presumes");
+    assert_eq!(tx.leases_ahead(&[8]).await.unwrap(), vec![8]);
+    let rows = [row(8)];
+    let written = tx.append(&rows, current, current + 1, &[8], None).await;
+    assert_eq!(written.unwrap(), current + 1);
+    tx.commit().await.unwrap();
+    let mut read = a.read().await.unwrap();
+    assert_eq!(read.revisions().await.unwrap().current, current + 1);
+    let written = read.latest(b"leased/x").await.unwrap().expect("written");
+    assert_eq!((written.revision, written.lease), (current + 1, 8));
+    drop(read);
+
+    // The previous release's call: no rows, the revision moved only if presumed right.
+    let pool = sqlx::PgPool::connect(&endpoint).await.unwrap();
+    let earlier = |presumed: i64| {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT * FROM etcdsql_append('{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', \
+             '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', $1, $2)",
+        )
+        .bind(current + 2)
+        .bind(presumed)
+        .fetch_all(&pool)
+    };
+    assert_eq!(earlier(current).await.unwrap(), Vec::<i64>::new());
+    assert_eq!(earlier(current + 1).await.unwrap(), vec![current + 2]);
+    pool.close().await;
+    a.close().await;
+    b.close().await;
+}
+
+/// What one writer of [`writes_on_several_instances_are_answered_as_the_log_has_them`] saw: each
+/// write it was told succeeded (revision, key, value), and each key read back in a failed
+/// compare's branch (the answer's revision, then the key's mod revision, version and value).
+#[derive(Default)]
+struct Told {
+    written: Vec<(i64, String, Vec<u8>)>,
+    read: Vec<(i64, String, i64, i64, Vec<u8>)>,
+    increments: u64,
+}
+
+/// One writer: creates and then updates its own keys as kube-apiserver does (a create txn, then
+/// compare-and-swap on the mod revision it last saw, reading the key back when that fails), and
+/// every third op increments a counter every writer shares by the same compare-and-swap.
+async fn kube_like_writer(mut client: etcd_client::Client, w: usize, ops: usize) -> Told {
+    use etcd_client::{Compare, CompareOp, Txn, TxnOp, TxnOpResponse};
+    let mut told = Told::default();
+    let mut known: std::collections::HashMap<String, i64> = Default::default();
+    for op in 0..ops {
+        let shared = op % 3 == 2;
+        let key = match shared {
+            true => "told/counter".to_owned(),
+            false => format!("told/{w}/{}", op % 4),
+        };
+        let expected = known.get(&key).copied().unwrap_or(0);
+        // The counter's value is the number of increments so far.
+        let value = match shared {
+            true => known
+                .get("told/counter/value")
+                .map_or(1, |n| n + 1)
+                .to_string(),
+            false => format!("{w}-{op}"),
+        };
+        let txn = Txn::new()
+            .when([Compare::mod_revision(
+                key.as_str(),
+                CompareOp::Equal,
+                expected,
+            )])
+            .and_then([TxnOp::put(key.as_str(), value.as_str(), None)])
+            .or_else([TxnOp::get(key.as_str(), None)]);
+        let out = tokio::time::timeout(Duration::from_secs(30), client.txn(txn))
+            .await
+            .expect("a txn answered in time")
+            .unwrap();
+        let revision = out.header().unwrap().revision();
+        if out.succeeded() {
+            told.written
+                .push((revision, key.clone(), value.clone().into_bytes()));
+            known.insert(key.clone(), revision);
+            if shared {
+                told.increments += 1;
+                known.insert("told/counter/value".into(), value.parse().unwrap());
+            }
+            continue;
+        }
+        let TxnOpResponse::Get(get) = &out.op_responses()[0] else {
+            panic!(
+                "writer {w}: the failure branch answered {:?}",
+                out.op_responses()
+            );
+        };
+        let kv = &get.kvs()[0];
+        told.read.push((
+            revision,
+            key.clone(),
+            kv.mod_revision(),
+            kv.version(),
+            kv.value().to_vec(),
+        ));
+        known.insert(key.clone(), kv.mod_revision());
+        if shared {
+            let seen: i64 = String::from_utf8_lossy(kv.value()).parse().unwrap();
+            known.insert("told/counter/value".into(), seen);
+        }
+    }
+    told
+}
+
+/// Instances writing at once presume and, where none of the keys a batch looked at changed, have
+/// their batches rebased past each other's commits (PostgreSQL): the rows and the answers move
+/// to the revisions the database gave them. Every answer must say what the log says: each write
+/// at the revision it was told, each failed compare's read as the key was at that revision, one
+/// revision per write, and no increment of the shared counter lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_on_several_instances_are_answered_as_the_log_has_them() {
+    if skip() {
+        return;
+    }
+    const INSTANCES: usize = 3;
+    const WRITERS: usize = 9;
+    const OPS: usize = 60;
+    let dir = tempfile::tempdir().unwrap();
+    let mut servers = Vec::new();
+    for _ in 0..INSTANCES {
+        servers.push(TestServer::start(dir.path()).await);
+    }
+    let mut clients = Vec::new();
+    for server in &servers {
+        clients.push(server.client().await);
+    }
+    let start = clients[0].get("told/", None).await.unwrap();
+    let start = start.header().unwrap().revision();
+    let writers: Vec<_> = (0..WRITERS)
+        .map(|w| tokio::spawn(kube_like_writer(clients[w % INSTANCES].clone(), w, OPS)))
+        .collect();
+    let mut told = Vec::new();
+    for writer in writers {
+        told.push(writer.await.unwrap());
+    }
+
+    // The log, as a watch from the start replays it: revision -> (key, version, value).
+    let end = start + told.iter().map(|t| t.written.len() as i64).sum::<i64>();
+    let options = WatchOptions::new()
+        .with_prefix()
+        .with_start_revision(start + 1);
+    let mut stream = clients[1].watch("told/", Some(options)).await.unwrap();
+    let mut log = std::collections::BTreeMap::new();
+    while log.len() < (end - start) as usize {
+        let message = tokio::time::timeout(Duration::from_secs(10), stream.message())
+            .await
+            .unwrap_or_else(|_| panic!("{} of {} events in time", log.len(), end - start))
+            .unwrap()
+            .expect("the watch stays open");
+        for event in message.events() {
+            let kv = event.kv().unwrap();
+            let key = String::from_utf8_lossy(kv.key()).into_owned();
+            log.insert(kv.mod_revision(), (key, kv.version(), kv.value().to_vec()));
+        }
+    }
+    let revisions: Vec<i64> = log.keys().copied().collect();
+    let expected: Vec<i64> = (start + 1..=end).collect();
+    assert_eq!(revisions, expected, "one revision per acknowledged write");
+    for (w, t) in told.iter().enumerate() {
+        for (revision, key, value) in &t.written {
+            let (logged, _, logged_value) = &log[revision];
+            assert_eq!(
+                (logged, logged_value),
+                (key, value),
+                "writer {w}: told its write was at {revision}"
+            );
+        }
+        for (answered, key, mod_revision, version, value) in &t.read {
+            assert!(mod_revision <= answered, "writer {w}: read {key} ahead");
+            assert_eq!(
+                log.get(mod_revision),
+                Some(&(key.clone(), *version, value.clone())),
+                "writer {w}: read {key} at {mod_revision} (answer at {answered})"
+            );
+            // Nothing wrote the key between the row read and the answer's revision.
+            let later = log
+                .range(mod_revision + 1..answered + 1)
+                .find(|(_, (k, _, _))| k == key);
+            assert_eq!(later, None, "writer {w}: read a replaced {key}");
+        }
+    }
+    let increments: u64 = told.iter().map(|t| t.increments).sum();
+    let counter = clients[2].get("told/counter", None).await.unwrap();
+    let counter = String::from_utf8_lossy(counter.kvs()[0].value()).into_owned();
+    assert_eq!(counter, increments.to_string(), "increments lost");
+
+    if common::on_postgres() {
+        let mut rebased = 0.0;
+        for server in &servers {
+            let sample = r#"etcdsql_write_presumed_batches_total{outcome="rebased"} "#;
+            rebased += metric(server, sample).await;
+        }
+        assert!(rebased > 0.0, "no batch was rebased");
+    }
+    for server in servers {
+        server.stop().await;
+    }
+}
+
+/// The append of a presumed batch, given the keys the batch looked at (PostgreSQL): another
+/// instance's commit to another key does not stop it, and its rows go in after that commit,
+/// renumbered; a commit to a key it looked at, or to none it was told of, does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_presumed_append_is_rebased_past_commits_to_other_keys_only() {
+    use etcdsql::backend::Rebase;
+    let dir = tempfile::tempdir().unwrap();
+    let Some((a, b, _)) = two_postgres_backends(dir.path()).await else {
+        return;
+    };
+    let created = |key: &str, revision: i64| created_row(key, revision, 0);
+    let current = || async { a.read().await.unwrap().revisions().await.unwrap().current };
+    // Another instance's commit, by the same statement with nothing to rebase.
+    let commit_elsewhere = |key: &'static str, at: i64| {
+        let b = &b;
+        async move {
+            let mut tx = b.write_presuming(at).await.unwrap().expect("presumes");
+            let rows = [created(key, at + 1)];
+            assert_eq!(
+                tx.append(&rows, at, at + 1, &[], None).await.unwrap(),
+                at + 1
+            );
+            tx.commit().await.unwrap();
+        }
+    };
+    let p = current().await;
+    // a's batch, presumed at p: creates x at p + 1, then rewrites it at p + 2.
+    let mut x2 = created("x", p + 2);
+    (x2.created, x2.prev_revision, x2.create_revision, x2.version) = (false, p + 1, p + 1, 2);
+    let batch = [created("x", p + 1), x2];
+    let looked_at = [b"x".to_vec(), b"z".to_vec()];
+    let rebase = Rebase {
+        looked_at: &looked_at,
+        served: p,
+    };
+
+    // A commit to a key the batch looked at: refused.
+    commit_elsewhere("z", p).await;
+    let mut tx = a.write_presuming(p).await.unwrap().expect("presumes");
+    let refused = tx.append(&batch, p, p + 2, &[], Some(rebase)).await;
+    assert!(refused.is_err_and(|e| e.is_moved()), "rebased past z");
+    drop(tx);
+    // Refused without the keys too, as before.
+    let mut tx = a.write_presuming(p).await.unwrap().expect("presumes");
+    let refused = tx.append(&batch, p, p + 2, &[], None).await;
+    assert!(refused.is_err_and(|e| e.is_moved()), "written unpresumed");
+    drop(tx);
+    assert_eq!(current().await, p + 1);
+
+    // Commits to other keys only: written after them.
+    let looked_at = [b"x".to_vec()];
+    let rebase = Rebase {
+        looked_at: &looked_at,
+        served: p + 1,
+    };
+    commit_elsewhere("y", p + 1).await;
+    let mut tx = a.write_presuming(p).await.unwrap().expect("presumes");
+    let written = tx
+        .append(&batch, p, p + 2, &[], Some(rebase))
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(written, p + 4, "two commits before it");
+    assert_eq!(current().await, p + 4);
+    let mut read = a.read().await.unwrap();
+    let changes = read.changes(p, p + 4).await.unwrap();
+    let numbers: Vec<_> = changes
+        .iter()
+        .map(|r| {
+            let key = String::from_utf8_lossy(&r.key).into_owned();
+            (
+                key,
+                r.revision,
+                r.create_revision,
+                r.prev_revision,
+                r.version,
+            )
+        })
+        .collect();
+    let row = |key: &str, revision, create_revision, prev_revision, version| {
+        (
+            key.to_owned(),
+            revision,
+            create_revision,
+            prev_revision,
+            version,
+        )
+    };
+    assert_eq!(
+        numbers,
+        vec![
+            row("z", p + 1, p + 1, 0, 1),
+            row("y", p + 2, p + 2, 0, 1),
+            row("x", p + 3, p + 3, 0, 1),
+            row("x", p + 4, p + 3, p + 3, 2),
+        ]
+    );
+    let head = read.latest(b"x").await.unwrap().expect("x");
+    assert_eq!((head.revision, head.version), (p + 4, 2));
+    drop(read);
+
+    // Below what this instance has shown: nothing is written, renumbered or not.
+    let rebase = Rebase {
+        looked_at: &looked_at,
+        served: p + 5,
+    };
+    let mut tx = a.write_presuming(p + 4).await.unwrap().expect("presumes");
+    let rows = [created("w", p + 5)];
+    let refused = tx.append(&rows, p + 4, p + 5, &[], Some(rebase)).await;
+    assert!(refused.is_err_and(|e| e.is_moved()), "written below served");
+    drop(tx);
+    assert_eq!(current().await, p + 4);
+
+    // Values read ahead of the lock: a row that is not there (another instance replaced it, and
+    // compaction removed it) makes the batch run again, under the lock, where it is an error.
+    let mut tx = a.write_presuming(p + 4).await.unwrap().expect("presumes");
+    let found = tx.values_ahead(&[(b"x", p + 4), (b"x", p + 3)]).await;
+    assert_eq!(
+        found.unwrap(),
+        vec![Some(b"x".to_vec()), Some(b"x".to_vec())]
+    );
+    let missing = tx.values_ahead(&[(b"x", p + 4), (b"x", p + 99)]).await;
+    assert!(
+        missing.is_err_and(|e| e.is_moved()),
+        "a missing row read ahead"
+    );
+    drop(tx);
+    let mut tx = a.write().await.unwrap();
+    let missing = tx.values_ahead(&[(b"x", p + 99)]).await.unwrap();
+    assert_eq!(missing, vec![None]);
+    drop(tx);
+    a.close().await;
+    b.close().await;
+}

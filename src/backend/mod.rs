@@ -45,6 +45,17 @@ pub struct LogRow {
 /// Hears how many rows a long copy has written so far.
 pub type Copied<'a> = &'a (dyn Fn(u64) + Send + Sync);
 
+/// What a presumed batch looked at, for a [`WriteTxn::append`] that finds other processes'
+/// commits after the presumed revision: if none of them changed a key it looked at, and the
+/// database is at `served` or later (the newest revision this process has shown), the rows go
+/// in after those commits, every revision above the presumed one moved up by as many
+/// (`crate::mvcc::rebase`).
+#[derive(Clone, Copy, Debug)]
+pub struct Rebase<'a> {
+    pub looked_at: &'a [Vec<u8>],
+    pub served: i64,
+}
+
 /// A lease as stored: its granted TTL and absolute deadline.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LeaseRow {
@@ -377,13 +388,44 @@ pub trait WriteTxn: ReadTxn {
     /// the key's newest row (which may be an earlier row of the same call).
     async fn insert_rows(&mut self, rows: &[LogRow]) -> Result<()>;
     async fn set_current_revision(&mut self, revision: i64) -> Result<()>;
+    /// [`ReadTxn::values_at`] of rows the writer's key index names as current. A transaction not
+    /// yet begun ([`Backend::write_presuming`]) reads them without beginning, outside the
+    /// writers' lock (the rows cannot change, and its append finds any newer row of their keys
+    /// another process wrote), and fails with [`Error::Moved`] if one is missing.
+    async fn values_ahead(&mut self, rows: &[(&[u8], i64)]) -> Result<Vec<Option<Vec<u8>>>> {
+        self.values_at(rows).await
+    }
+    /// Which of the leases `ids` exist. A transaction not yet begun
+    /// ([`Backend::write_presuming`]) reads them without beginning, outside the writers' lock:
+    /// its [`WriteTxn::append`] checks those the batch relied on again.
+    async fn leases_ahead(&mut self, ids: &[i64]) -> Result<Vec<i64>> {
+        let mut found = Vec::with_capacity(ids.len());
+        for &id in ids {
+            if self.lease(id).await?.is_some() {
+                found.push(id);
+            }
+        }
+        Ok(found)
+    }
     /// [`WriteTxn::insert_rows`], then [`WriteTxn::set_current_revision`]: a batch's last
     /// writes, which a backend may send in fewer round trips together, and may check that the
-    /// current revision is still `before`, the batch's first. A transaction not yet begun
-    /// ([`Backend::write_presuming`]) writes and commits here; its `commit` then ends it.
-    async fn append(&mut self, rows: &[LogRow], _before: i64, current: i64) -> Result<()> {
+    /// current revision is still `before`, the batch's first, and that the leases its rows were
+    /// attached to (`leases`, read by [`WriteTxn::leases_ahead`]) still exist. A transaction not
+    /// yet begun ([`Backend::write_presuming`]) writes and commits here; its `commit` then ends
+    /// it. With `rebase`, such a transaction may instead write the rows after other processes'
+    /// commits, renumbered (see [`Rebase`]). Returns the current revision it wrote: `current`,
+    /// or higher by as many revisions as the rows were renumbered.
+    async fn append(
+        &mut self,
+        rows: &[LogRow],
+        _before: i64,
+        current: i64,
+        _leases: &[i64],
+        _rebase: Option<Rebase<'_>>,
+    ) -> Result<i64> {
         self.insert_rows(rows).await?;
-        self.set_current_revision(current).await
+        self.set_current_revision(current).await?;
+        Ok(current)
     }
     async fn set_compact_revision(&mut self, revision: i64) -> Result<()>;
     async fn set_fence_revision(&mut self, revision: i64) -> Result<()>;

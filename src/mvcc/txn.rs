@@ -24,7 +24,7 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 
-use crate::backend::{LogRow, Opening, RangeEnd, Revisions, Scan, WriteTxn};
+use crate::backend::{LogRow, Opening, RangeEnd, Rebase, Revisions, Scan, WriteTxn};
 
 use super::compare::{evaluate, fetch_limit, finish_range};
 use super::index::{KeyIndex, KeyMeta, Mark};
@@ -54,6 +54,11 @@ pub(crate) struct Batch<'a> {
     values: HashMap<(Vec<u8>, i64), Vec<u8>>,
     /// Values of rows committed before the batch, as far as the writer remembers them.
     cache: &'a ValueCache,
+    /// Whether each lease a Put named exists, as read ahead ([`WriteTxn::leases_ahead`]) or
+    /// as the batch's own grants and revocations left it.
+    leases: HashMap<i64, bool>,
+    /// The leases the batch's rows were attached to, each once: its append checks them again.
+    attached: Vec<i64>,
 }
 
 impl<'a> Batch<'a> {
@@ -72,6 +77,8 @@ impl<'a> Batch<'a> {
             savepoint: false,
             values: HashMap::new(),
             cache,
+            leases: HashMap::new(),
+            attached: Vec::new(),
         }
     }
 
@@ -129,29 +136,41 @@ impl<'a> Batch<'a> {
     }
 
     /// Fetches, in one query, the current values of the existing keys that the batch's txns
-    /// put, delete or read by name, so that those ops need no query of their own.
+    /// put, delete or read by name, so that those ops need no query of their own; and whether
+    /// the leases their Puts name exist.
     pub(crate) async fn prefetch<'r>(
         &mut self,
         txns: impl Iterator<Item = &'r TxnRequest>,
     ) -> Result<()> {
-        fn keys<'r>(txn: &'r TxnRequest, out: &mut Vec<&'r [u8]>) {
+        fn keys<'r>(txn: &'r TxnRequest, out: &mut Vec<&'r [u8]>, leases: &mut Vec<i64>) {
             for op in txn.success.iter().chain(&txn.failure) {
                 match op {
-                    Op::Put(put) => out.push(&put.key),
+                    Op::Put(put) => {
+                        out.push(&put.key);
+                        leases.extend(put.lease.filter(|&lease| lease != 0));
+                    }
                     Op::Delete(delete) if delete.range.end == RangeEnd::Single => {
                         out.push(&delete.range.key);
                     }
                     Op::Range(range) if range.range.end == RangeEnd::Single => {
                         out.push(&range.range.key);
                     }
-                    Op::Txn(nested) => keys(nested, out),
+                    Op::Txn(nested) => keys(nested, out, leases),
                     Op::Delete(_) | Op::Range(_) => {}
                 }
             }
         }
-        let mut wanted = Vec::new();
+        let (mut wanted, mut leases) = (Vec::new(), Vec::new());
         for txn in txns {
-            keys(txn, &mut wanted);
+            keys(txn, &mut wanted, &mut leases);
+        }
+        leases.sort_unstable();
+        leases.dedup();
+        if !leases.is_empty() {
+            let found = self.tx.leases_ahead(&leases).await?;
+            for lease in leases {
+                self.leases.insert(lease, found.contains(&lease));
+            }
         }
         let wanted: Vec<(Vec<u8>, i64)> = wanted
             .into_iter()
@@ -182,7 +201,7 @@ impl<'a> Batch<'a> {
         if !missing.is_empty() {
             // Rows this batch wrote are all in `values`: what is missing was committed before
             // the batch, so SQL has it whether or not `rows` were inserted yet.
-            let found = self.tx.values_at(&missing).await?;
+            let found = self.tx.values_ahead(&missing).await?;
             for ((key, revision), value) in missing.iter().zip(found) {
                 let Some(value) = value else {
                     self.index.invalidate();
@@ -226,6 +245,33 @@ impl<'a> Batch<'a> {
             .collect())
     }
 
+    /// Whether lease `id` exists, for a Put that attaches a row to it: the append then checks
+    /// that it still does.
+    async fn attach_lease(&mut self, id: i64) -> Result<bool> {
+        let exists = match self.leases.get(&id) {
+            Some(&exists) => exists,
+            None => {
+                let exists = !self.tx.leases_ahead(&[id]).await?.is_empty();
+                self.leases.insert(id, exists);
+                exists
+            }
+        };
+        if exists && !self.attached.contains(&id) {
+            self.attached.push(id);
+        }
+        Ok(exists)
+    }
+
+    /// Records that the batch itself granted (`exists`) or revoked lease `id`, under the
+    /// writers' lock: later Puts see it, and the append need not check a lease the batch
+    /// revoked.
+    pub(crate) fn lease_changed(&mut self, id: i64, exists: bool) {
+        self.leases.insert(id, exists);
+        if !exists {
+            self.attached.retain(|&attached| attached != id);
+        }
+    }
+
     /// Records a row: the index and later reads of this batch see it at once; the database
     /// gets it at the next flush.
     fn write(&mut self, row: LogRow) {
@@ -265,16 +311,24 @@ impl<'a> Batch<'a> {
 
     /// Writes the rows still buffered once every request has ended and, if `moved` is given,
     /// moves the current revision from its first revision (the batch's start) to its second,
-    /// together where the backend can.
-    pub(crate) async fn finish(&mut self, moved: Option<(i64, i64)>) -> Result<()> {
+    /// together where the backend can. Returns the current revision written, which `rebase`
+    /// may have let the backend put after other processes' commits ([`WriteTxn::append`]).
+    pub(crate) async fn finish(
+        &mut self,
+        moved: Option<(i64, i64)>,
+        rebase: Option<Rebase<'_>>,
+    ) -> Result<Option<i64>> {
         let Some((before, current)) = moved else {
-            return self.flush().await;
+            self.flush().await?;
+            return Ok(None);
         };
-        self.tx
-            .append(&self.rows[self.flushed..], before, current)
+        let rows = &self.rows[self.flushed..];
+        let written = self
+            .tx
+            .append(rows, before, current, &self.attached, rebase)
             .await?;
         self.flushed = self.rows.len();
-        Ok(())
+        Ok(Some(written))
     }
 
     /// Starts a request: what it writes from now on can be undone by [`Batch::end_request`].
@@ -432,7 +486,7 @@ impl<'e, 'a> TxnExec<'e, 'a> {
             (None, Some(meta)) => meta.lease,
             (None, None) => return Err(Error::KeyNotFound),
         };
-        if req.lease.is_some() && lease != 0 && self.batch.tx.lease(lease).await?.is_none() {
+        if req.lease.is_some() && lease != 0 && !self.batch.attach_lease(lease).await? {
             return Err(Error::LeaseNotFound);
         }
         // The old value goes into the row (a watch's prev_kv) even if this reply needs none.
@@ -508,6 +562,7 @@ impl<'e, 'a> TxnExec<'e, 'a> {
         if !self.batch.tx.delete_lease(id).await? {
             return Err(Error::LeaseNotFound);
         }
+        self.batch.lease_changed(id, false);
         // The attached keys come from SQL (the index has no lease → keys map): it must see
         // every row written so far.
         self.batch.flush().await?;

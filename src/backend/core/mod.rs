@@ -193,12 +193,12 @@ pub fn decode_revisions<'a, R: Columns + 'a>(
     Ok(revisions)
 }
 
-/// What a [`Session::append`] statement's `rows` say: whether it wrote, or found the database's
-/// current revision other than `before`.
-fn appended<R>(rows: &[R], before: i64) -> Result<()> {
-    match rows.is_empty() {
-        true => Err(crate::backend::Error::Moved { presumed: before }),
-        false => Ok(()),
+/// What a [`Session::append`] statement's `rows` say: the current revision it wrote, or that it
+/// wrote nothing (it found the database's current revision other than `before`).
+fn appended<R: Columns>(rows: &[R], before: i64) -> Result<i64> {
+    match rows.first() {
+        None => Err(crate::backend::Error::Moved { presumed: before }),
+        Some(row) => row.int(0),
     }
 }
 
@@ -212,14 +212,25 @@ pub trait Session: Send + 'static {
     async fn fetch(&mut self, stmt: Stmt<'_>) -> Result<Vec<Self::Row>>;
     /// Runs a statement and returns how many rows it changed (or matched, for an UPDATE).
     async fn execute(&mut self, stmt: Stmt<'_>) -> Result<u64>;
+    /// Runs a read whose answer the batch's append checks again under the writers' lock: a
+    /// presumed transaction not begun yet runs it on its own rather than beginning (and so
+    /// taking the lock) for it.
+    async fn fetch_ahead(&mut self, stmt: Stmt<'_>) -> Result<Vec<Self::Row>> {
+        self.fetch(stmt).await
+    }
+    /// The revision presumed, while [`Session::fetch_ahead`] reads outside the writers' lock.
+    fn presumed_ahead(&self) -> Option<i64> {
+        None
+    }
     /// Runs a statement whose answer nobody needs; a dialect may hold it back to go with the
     /// next statement or the commit, in one round trip.
     async fn queue(&mut self, stmt: Stmt<'_>) -> Result<()> {
         self.execute(stmt).await.map(drop)
     }
-    /// Runs a batch's [`Sql::append`] statement, which returns a row when it wrote and none
-    /// when the database's current revision was not `before`, the batch's first.
-    async fn append(&mut self, stmt: Stmt<'_>, before: i64) -> Result<()> {
+    /// Runs a batch's [`Sql::append`] statement, which returns the current revision it wrote,
+    /// and no row when it wrote nothing (the database's current revision was not `before`, the
+    /// batch's first, or not one it could rebase the batch onto).
+    async fn append(&mut self, stmt: Stmt<'_>, before: i64) -> Result<i64> {
         appended(&self.fetch(stmt).await?, before)
     }
     /// Commits a transaction; a session outside a transaction just ends.

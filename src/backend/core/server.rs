@@ -369,7 +369,28 @@ where
         Ok(DB::rows_affected(&done))
     }
 
-    async fn append(&mut self, stmt: Stmt<'_>, before: i64) -> Result<()> {
+    fn presumed_ahead(&self) -> Option<i64> {
+        match self {
+            ServerSession::Presumed(presumed) if presumed.stage == Stage::Waiting => {
+                Some(presumed.current)
+            }
+            _ => None,
+        }
+    }
+
+    async fn fetch_ahead(&mut self, stmt: Stmt<'_>) -> Result<Vec<DB::Row>> {
+        match self {
+            ServerSession::Presumed(presumed) if presumed.stage == Stage::Waiting => {
+                let (sql, args) = bound(stmt, DB::bind)?;
+                Ok(sqlx::query_with(sql, args)
+                    .fetch_all(presumed.tx.conn())
+                    .await?)
+            }
+            _ => self.fetch(stmt).await,
+        }
+    }
+
+    async fn append(&mut self, stmt: Stmt<'_>, before: i64) -> Result<i64> {
         let rows = match self {
             ServerSession::Presumed(presumed) if presumed.stage == Stage::Waiting => {
                 // The statement is the whole transaction: it commits as it returns.

@@ -3,9 +3,36 @@
 use async_trait::async_trait;
 
 use super::{Columns, Session, SqlTxn, Stmt, decode_revisions, decode_row, lease_rows};
-use crate::backend::{LeaseRow, LogRow, RangeEnd, ReadTxn, Result, Revisions, Scan, WriteTxn};
+use crate::backend::{
+    LeaseRow, LogRow, RangeEnd, ReadTxn, Rebase, Result, Revisions, Scan, WriteTxn,
+};
 
 impl<S: Session> SqlTxn<S> {
+    /// [`ReadTxn::values_at`], read `ahead` of the writers' lock where the session can.
+    async fn values_of(
+        &mut self,
+        rows: &[(&[u8], i64)],
+        ahead: bool,
+    ) -> Result<Vec<Option<Vec<u8>>>> {
+        let mut values = vec![None; rows.len()];
+        for stmt in (self.0.sql().values_at)(rows) {
+            let found = match ahead {
+                true => self.0.fetch_ahead(stmt).await?,
+                false => self.0.fetch(stmt).await?,
+            };
+            for row in found {
+                let value = row.bytes(1)?;
+                if let Some(slot) = usize::try_from(row.int(0)?)
+                    .ok()
+                    .and_then(|i| values.get_mut(i))
+                {
+                    *slot = Some(value);
+                }
+            }
+        }
+        Ok(values)
+    }
+
     async fn rows(&mut self, stmt: Stmt<'_>) -> Result<Vec<LogRow>> {
         self.0.fetch(stmt).await?.iter().map(decode_row).collect()
     }
@@ -55,19 +82,7 @@ impl<S: Session> ReadTxn for SqlTxn<S> {
     }
 
     async fn values_at(&mut self, rows: &[(&[u8], i64)]) -> Result<Vec<Option<Vec<u8>>>> {
-        let mut values = vec![None; rows.len()];
-        for stmt in (self.0.sql().values_at)(rows) {
-            for row in self.0.fetch(stmt).await? {
-                let value = row.bytes(1)?;
-                if let Some(slot) = usize::try_from(row.int(0)?)
-                    .ok()
-                    .and_then(|i| values.get_mut(i))
-                {
-                    *slot = Some(value);
-                }
-            }
-        }
-        Ok(values)
+        self.values_of(rows, false).await
     }
 
     async fn changes(&mut self, after: i64, through: i64) -> Result<Vec<LogRow>> {
@@ -135,17 +150,50 @@ impl<S: Session> WriteTxn for SqlTxn<S> {
         self.0.queue(stmt).await
     }
 
-    async fn append(&mut self, rows: &[LogRow], before: i64, current: i64) -> Result<()> {
+    async fn values_ahead(&mut self, rows: &[(&[u8], i64)]) -> Result<Vec<Option<Vec<u8>>>> {
+        let presumed = self.0.presumed_ahead();
+        let values = self.values_of(rows, true).await?;
+        match presumed {
+            // Read outside the lock: another process may have replaced the row, and compacted
+            // it away. The batch then runs again, reading under the lock.
+            Some(presumed) if values.iter().any(Option::is_none) => {
+                Err(crate::backend::Error::Moved { presumed })
+            }
+            _ => Ok(values),
+        }
+    }
+
+    async fn leases_ahead(&mut self, ids: &[i64]) -> Result<Vec<i64>> {
+        let mut found = Vec::with_capacity(ids.len());
+        for &id in ids {
+            let stmt = Stmt::new(&*self.0.sql().lease).int(id);
+            if !lease_rows(self.0.fetch_ahead(stmt).await?)?.is_empty() {
+                found.push(id);
+            }
+        }
+        Ok(found)
+    }
+
+    async fn append(
+        &mut self,
+        rows: &[LogRow],
+        before: i64,
+        current: i64,
+        leases: &[i64],
+        rebase: Option<Rebase<'_>>,
+    ) -> Result<i64> {
         match self.0.sql().append {
             Some(append) if !rows.is_empty() => {
-                for stmt in append(rows, before, current) {
-                    self.0.append(stmt, before).await?;
+                let mut written = current;
+                for stmt in append(rows, before, current, leases, rebase) {
+                    written = self.0.append(stmt, before).await?;
                 }
-                Ok(())
+                Ok(written)
             }
             _ => {
                 self.insert_rows(rows).await?;
-                self.set_current_revision(current).await
+                self.set_current_revision(current).await?;
+                Ok(current)
             }
         }
     }

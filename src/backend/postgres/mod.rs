@@ -24,9 +24,19 @@
 //! outside any transaction, which takes the lock, moves the current revision only if it is
 //! still the presumed one, writes the rows only if it moved, and commits as it returns. One
 //! round trip holds the lock instead of three. That statement calls a PL/pgSQL function
-//! (migrations 0007 and 0008), which plans its statements once per session: this backend's sessions
-//! plan their own statements afresh at every call (see `SESSION_SETTINGS`), and planning the
-//! batch's statement cost about a seventh of PostgreSQL's CPU.
+//! (migrations 0007 to 0009), which plans its statements once per session: this backend's
+//! sessions plan their own statements afresh at every call (see `SESSION_SETTINGS`), and
+//! planning the batch's statement cost about a seventh of PostgreSQL's CPU. The batch reads the
+//! leases its Puts attach rows to before it takes the lock
+//! ([`crate::backend::WriteTxn::leases_ahead`]; read inside the transaction, each held the lock
+//! one round trip longer), and the function checks under the lock that they still exist: a
+//! lease revoked meanwhile fails the append as a moved revision does.
+//!
+//! With several instances writing, presumptions are mostly wrong, and each batch would hold
+//! the lock for three round trips. A batch of single-key txns therefore presumes anyway and
+//! hands the function the keys it looked at: if other instances committed since, but changed
+//! none of those keys, the function writes the batch's rows after their commits, renumbered
+//! (`crate::mvcc::rebase`). The lock is then held for the one statement whoever writes.
 //!
 //! # Reads
 //! Read transactions are `REPEATABLE READ READ ONLY`: one snapshot for the revisions and the
@@ -588,17 +598,18 @@ mod tests {
         assert_eq!(writer_lock!(), WRITER_LOCK.to_string());
     }
 
-    /// The batch's function (migration 0007, redefined by 0008) takes the same lock and
+    /// The batch's function (migration 0009; 0007 and 0008 before it) takes the same lock and
     /// notifies on the same channel as every other writer.
     #[test]
     fn the_append_function_takes_the_writers_lock_and_notifies() {
-        let migration = include_str!("../../../migrations/postgres/0008_insert_rows_function.sql");
+        let migration =
+            include_str!("../../../migrations/postgres/0009_append_checks_leases_and_rebases.sql");
         let lock = format!("PERFORM pg_advisory_xact_lock({WRITER_LOCK});");
         assert!(
             migration.contains(&lock),
             "the function does not take {lock}"
         );
-        let notify = format!("PERFORM pg_notify('{COMMIT_CHANNEL}', moved::text);");
+        let notify = format!("PERFORM pg_notify('{COMMIT_CHANNEL}', new_current::text);");
         assert!(
             migration.contains(&notify),
             "the function does not send {notify}"
