@@ -235,6 +235,11 @@ pub(super) async fn run_writer(
         }
         if let Ok(committed) = &result {
             landed.fetch_max(committed.current, Ordering::SeqCst);
+            // Other processes' latest writes: the values this writer's next updates of those
+            // keys need.
+            if let Some(others) = &committed.others {
+                values.record(&others.changes);
+            }
             values.record(&committed.rows);
             compact = committed.compact.unwrap_or(compact);
         }
@@ -460,8 +465,9 @@ struct Committed {
     /// The rows of the revisions `(before, current]`, in order.
     rows: Vec<LogRow>,
     /// What other processes committed before the batch, as its transaction read it when it
-    /// began ([`Backend::write_from`]): handed to the watch hub ahead of the batch's own rows,
-    /// which the hub can then take in at once instead of reading all of them from the log.
+    /// began ([`Backend::write_from`]) or as read after it was rebased past them ([`rebased`]):
+    /// handed to the watch hub ahead of the batch's own rows, which the hub can then take in at
+    /// once instead of reading all of them from the log.
     others: Option<Opening>,
     /// Whether the batch was presumed, and rebased past other processes' commits.
     rebased: bool,
@@ -640,7 +646,7 @@ async fn apply_batch(
     };
     let committed = match committed {
         Ok((mut committed, written)) if committed.rebased => {
-            let mark = batch_mark.take().expect("a batch that wrote was marked");
+            let mark = batch_mark.take();
             rebased(backend, index, mark, &mut committed, written, &mut answers).await;
             Ok(committed)
         }
@@ -659,14 +665,20 @@ async fn apply_batch(
     committed.map(|committed| (committed, answers))
 }
 
+/// The most revisions of other processes' commits a rebased batch reads with their values, to
+/// hand them to the watch hub.
+const REBASE_HAND_OVER: i64 = 1024;
+
 /// Renumbers a batch the database took after other processes' commits, as `written` says
 /// ([`rebase`]): its rows and answers, and its changes to the key index, which takes in the
-/// commits it was put after first. Should those not be readable, the index is reloaded before
-/// the next batch; the batch itself is committed either way.
+/// commits it was put after first. Those go to the watch hub ahead of the batch's rows, as a
+/// batch that read them under the lock hands them over. Should they not be readable, the index
+/// is reloaded before the next batch (and the hub reads them itself); the batch itself is
+/// committed either way.
 async fn rebased(
     backend: &dyn Backend,
     index: &mut KeyIndex,
-    mark: Mark,
+    mark: Option<Mark>,
     committed: &mut Committed,
     written: i64,
     answers: &mut [Answer],
@@ -679,13 +691,32 @@ async fn rebased(
             rebase::shift_answer(answer, presumed, by);
         }
     }
-    index.rollback(mark);
+    if let Some(mark) = mark {
+        index.rollback(mark);
+    }
+    // Many commits (an instance idle while others wrote) are not worth their values here.
+    let hand_over = by <= REBASE_HAND_OVER;
     let others = async {
         let mut tx = backend.read().await?;
-        tx.change_keys(presumed, presumed + by).await
+        match hand_over {
+            true => tx.changes(presumed, presumed + by).await,
+            false => tx.change_keys(presumed, presumed + by).await,
+        }
     };
     match others.await {
-        Ok(rows) => index.catch_up(&rows, presumed + by),
+        Ok(rows) if !hand_over => index.catch_up(&rows, presumed + by),
+        Ok(rows) => {
+            index.catch_up(&rows, presumed + by);
+            committed.others = Some(Opening {
+                revisions: Revisions {
+                    current: presumed + by,
+                    ..Revisions::default()
+                },
+                changes: rows,
+                after: presumed,
+                through: presumed + by,
+            });
+        }
         Err(e) => {
             tracing::warn!(error = %e, "cannot read the commits a batch was rebased past");
             index.invalidate();
