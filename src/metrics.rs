@@ -374,7 +374,7 @@ impl Metrics {
         let presumed_batches = Family::<OutcomeLabels, Counter>::default();
         r.register(
             "etcdsql_write_presumed_batches",
-            "Write batches that presumed no other instance had committed since this one's last batch, and wrote in one statement: rightly (outcome=held), wrongly but rebased past the other commits (outcome=rebased), or wrongly, and ran again (outcome=rerun)",
+            "Write batches that presumed no other instance had committed since this one's last batch, and wrote in one statement: rightly (outcome=held), or wrongly, and ran again (outcome=rerun)",
             presumed_batches.clone(),
         );
         let lost_revisions = Counter::default();
@@ -534,7 +534,6 @@ impl Metrics {
         for (outcome, now, before) in [
             ("held", writes.presumed, seen.presumed),
             ("rerun", writes.reruns, seen.reruns),
-            ("rebased", writes.rebased, seen.rebased),
         ] {
             m.presumed_batches
                 .get_or_create(&OutcomeLabels { outcome })
@@ -1407,9 +1406,8 @@ impl WriteTxn for InstrumentedWrite {
         before: i64,
         current: i64,
         leases: &[i64],
-        rebase: Option<backend::Rebase<'_>>,
-    ) -> backend::Result<i64> {
-        let append = self.inner.append(rows, before, current, leases, rebase);
+    ) -> backend::Result<()> {
+        let append = self.inner.append(rows, before, current, leases);
         timed(&self.metrics, "append", append).await
     }
 

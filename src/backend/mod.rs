@@ -45,17 +45,6 @@ pub struct LogRow {
 /// Hears how many rows a long copy has written so far.
 pub type Copied<'a> = &'a (dyn Fn(u64) + Send + Sync);
 
-/// What a presumed batch looked at, for a [`WriteTxn::append`] that finds other processes'
-/// commits after the presumed revision: if none of them changed a key it looked at, and the
-/// database is at `served` or later (the newest revision this process has shown), the rows go
-/// in after those commits, every revision above the presumed one moved up by as many
-/// (`crate::mvcc::rebase`).
-#[derive(Clone, Copy, Debug)]
-pub struct Rebase<'a> {
-    pub looked_at: &'a [Vec<u8>],
-    pub served: i64,
-}
-
 /// A lease as stored: its granted TTL and absolute deadline.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LeaseRow {
@@ -412,20 +401,16 @@ pub trait WriteTxn: ReadTxn {
     /// current revision is still `before`, the batch's first, and that the leases its rows were
     /// attached to (`leases`, read by [`WriteTxn::leases_ahead`]) still exist. A transaction not
     /// yet begun ([`Backend::write_presuming`]) writes and commits here; its `commit` then ends
-    /// it. With `rebase`, such a transaction may instead write the rows after other processes'
-    /// commits, renumbered (see [`Rebase`]). Returns the current revision it wrote: `current`,
-    /// or higher by as many revisions as the rows were renumbered.
+    /// it.
     async fn append(
         &mut self,
         rows: &[LogRow],
         _before: i64,
         current: i64,
         _leases: &[i64],
-        _rebase: Option<Rebase<'_>>,
-    ) -> Result<i64> {
+    ) -> Result<()> {
         self.insert_rows(rows).await?;
-        self.set_current_revision(current).await?;
-        Ok(current)
+        self.set_current_revision(current).await
     }
     async fn set_compact_revision(&mut self, revision: i64) -> Result<()>;
     async fn set_fence_revision(&mut self, revision: i64) -> Result<()>;

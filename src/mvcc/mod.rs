@@ -50,7 +50,6 @@ mod hash;
 mod index;
 mod probe;
 mod read;
-mod rebase;
 mod txn;
 pub mod types;
 mod values;
@@ -256,8 +255,6 @@ struct WriteCounters {
     presumed: AtomicU64,
     /// Batches that presumed so wrongly (another process had committed) and ran again.
     reruns: AtomicU64,
-    /// Batches that presumed so wrongly but were rebased past the other commits ([`rebase`]).
-    rebased: AtomicU64,
     /// Told about every committed batch; a `OnceLock` so the writer reads it without a lock.
     observer: OnceLock<CommitObserver>,
     /// Handed every committed batch's rows (the watch hub).
@@ -293,8 +290,6 @@ pub struct WriteStats {
     pub presumed: u64,
     /// Batches that presumed it wrongly and ran again.
     pub reruns: u64,
-    /// Batches that presumed it wrongly and were written after the other commits, renumbered.
-    pub rebased: u64,
 }
 
 impl Store {
@@ -443,7 +438,6 @@ impl Store {
             requests: self.inner.stats.requests.load(Ordering::Relaxed),
             presumed: self.inner.stats.presumed.load(Ordering::Relaxed),
             reruns: self.inner.stats.reruns.load(Ordering::Relaxed),
-            rebased: self.inner.stats.rebased.load(Ordering::Relaxed),
         }
     }
 

@@ -24,7 +24,7 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 
-use crate::backend::{LogRow, Opening, RangeEnd, Rebase, Revisions, Scan, WriteTxn};
+use crate::backend::{LogRow, Opening, RangeEnd, Revisions, Scan, WriteTxn};
 
 use super::compare::{evaluate, fetch_limit, finish_range};
 use super::index::{KeyIndex, KeyMeta, Mark};
@@ -311,24 +311,16 @@ impl<'a> Batch<'a> {
 
     /// Writes the rows still buffered once every request has ended and, if `moved` is given,
     /// moves the current revision from its first revision (the batch's start) to its second,
-    /// together where the backend can. Returns the current revision written, which `rebase`
-    /// may have let the backend put after other processes' commits ([`WriteTxn::append`]).
-    pub(crate) async fn finish(
-        &mut self,
-        moved: Option<(i64, i64)>,
-        rebase: Option<Rebase<'_>>,
-    ) -> Result<Option<i64>> {
+    /// together where the backend can.
+    pub(crate) async fn finish(&mut self, moved: Option<(i64, i64)>) -> Result<()> {
         let Some((before, current)) = moved else {
-            self.flush().await?;
-            return Ok(None);
+            return self.flush().await;
         };
-        let rows = &self.rows[self.flushed..];
-        let written = self
-            .tx
-            .append(rows, before, current, &self.attached, rebase)
+        self.tx
+            .append(&self.rows[self.flushed..], before, current, &self.attached)
             .await?;
         self.flushed = self.rows.len();
-        Ok(Some(written))
+        Ok(())
     }
 
     /// Starts a request: what it writes from now on can be undone by [`Batch::end_request`].

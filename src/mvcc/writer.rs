@@ -52,16 +52,11 @@
 //! index changes are undone as for any failed batch, and the batch runs again from the start,
 //! reading the revisions first; its requests never see the failed run. The answers of a batch
 //! that wrote nothing (compares that failed) rest on the presumption too, so its commit checks
-//! the revision as well. The leases its Puts attach rows to are read before the lock too
-//! ([`crate::backend::WriteTxn::leases_ahead`]), and the statement checks that they still
-//! exist: a revocation with no keys moves no revision.
-//!
-//! Several instances writing at once would make every presumption wrong. But a batch whose
-//! requests look at single keys alone (kube-apiserver's creates, updates and deletes) is right
-//! after other instances' commits too, if none of them changed one of its keys: such a batch
-//! presumes whatever the others do, and the statement, given its keys, writes its rows after
-//! those commits, renumbered, rather than refusing them ([`super::rebase`]). The writer then
-//! renumbers the batch's answers and takes the commits it was put after into its index.
+//! the revision as well. The leases its Puts attach rows to, and the old values it needs, are
+//! read before the lock too ([`crate::backend::WriteTxn::leases_ahead`],
+//! [`crate::backend::WriteTxn::values_ahead`]), and the statement checks that the leases still
+//! exist: a revocation with no keys moves no revision. (Values cannot change: a newer row of
+//! their key moved the revision.)
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -70,13 +65,12 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
-use super::index::{KeyIndex, Mark};
-use super::rebase;
+use super::index::KeyIndex;
 use super::txn::{Batch, TxnExec};
 use super::types::{LeaseOp, LeaseOutcome, Revisioned, TxnRequest, TxnResponse};
 use super::values::ValueCache;
 use super::{Applied, Error, Published, Result, WriteCounters};
-use crate::backend::{Backend, LogRow, Opening, Rebase, Revisions};
+use crate::backend::{Backend, LogRow, Opening, Revisions};
 
 /// Most write requests one database transaction holds.
 pub(super) const MAX_BATCH: usize = 512;
@@ -175,24 +169,19 @@ pub(super) async fn run_writer(
             compact,
             ..Revisions::default()
         };
-        let jobs: Vec<WriteJob> = backlog.drain(..received).collect();
-        // What the batch looks at, if a presumed run may be rebased past other processes'
-        // commits: then it presumes whether or not others are writing.
-        let looked_at = (!sole_writer && trusted && !index.needs_reload())
-            .then(|| rebase::keys_looked_at(jobs.iter().map(WriteJob::txn)))
-            .flatten();
         let begin = if sole_writer && trusted {
             Begin::Known(own)
-        } else if (unshared && applied.revision() <= index.revision()) || looked_at.is_some() {
+        } else if unshared && applied.revision() <= index.revision() {
             Begin::Presumed(own)
         } else {
             Begin::Read
         };
         let seen = (index.reloads(), index.catch_ups());
         let served = index.revision().max(applied.revision());
+        let jobs: Vec<WriteJob> = backlog.drain(..received).collect();
         let memory = (&mut index, &values, &landing);
-        let presumed = (begin, served, looked_at.as_deref());
-        let mut result = apply_batch(backend.as_ref(), memory, presumed, compacted, &jobs).await;
+        let mut result =
+            apply_batch(backend.as_ref(), memory, (begin, served), compacted, &jobs).await;
         let moved = |e: &Error| matches!(e, Error::Backend(e) if e.is_moved());
         if matches!(begin, Begin::Presumed(_)) && result.as_ref().is_err_and(moved) {
             // Nothing was written; the batch runs again, after what the others committed.
@@ -201,14 +190,10 @@ pub(super) async fn run_writer(
             );
             stats.reruns.fetch_add(1, Ordering::Relaxed);
             let memory = (&mut index, &values, &landing);
-            let again = (Begin::Read, served, None);
+            let again = (Begin::Read, served);
             result = apply_batch(backend.as_ref(), memory, again, compacted, &jobs).await;
-        } else if let (Begin::Presumed(_), Ok((committed, _))) = (begin, &result) {
-            let counter = match committed.rebased {
-                true => &stats.rebased,
-                false => &stats.presumed,
-            };
-            counter.fetch_add(1, Ordering::Relaxed);
+        } else if matches!((begin, &result), (Begin::Presumed(_), Ok(_))) {
+            stats.presumed.fetch_add(1, Ordering::Relaxed);
         }
         let result = match (result, checked) {
             (Err(Error::Backend(e)), Some(max)) if e.is_key_too_large() => {
@@ -235,11 +220,6 @@ pub(super) async fn run_writer(
         }
         if let Ok(committed) = &result {
             landed.fetch_max(committed.current, Ordering::SeqCst);
-            // Other processes' latest writes: the values this writer's next updates of those
-            // keys need.
-            if let Some(others) = &committed.others {
-                values.record(&others.changes);
-            }
             values.record(&committed.rows);
             compact = committed.compact.unwrap_or(compact);
         }
@@ -393,14 +373,6 @@ enum Outcome {
 }
 
 impl WriteJob {
-    /// The job's txn, if it is one.
-    fn txn(&self) -> Option<&TxnRequest> {
-        match self {
-            WriteJob::Txn { req, .. } => Some(req),
-            WriteJob::Compact { .. } | WriteJob::Lease { .. } => None,
-        }
-    }
-
     /// The longest key the job puts (0 for what puts none).
     fn longest_put_key(&self) -> usize {
         match self {
@@ -465,12 +437,9 @@ struct Committed {
     /// The rows of the revisions `(before, current]`, in order.
     rows: Vec<LogRow>,
     /// What other processes committed before the batch, as its transaction read it when it
-    /// began ([`Backend::write_from`]) or as read after it was rebased past them ([`rebased`]):
-    /// handed to the watch hub ahead of the batch's own rows, which the hub can then take in at
-    /// once instead of reading all of them from the log.
+    /// began ([`Backend::write_from`]): handed to the watch hub ahead of the batch's own rows,
+    /// which the hub can then take in at once instead of reading all of them from the log.
     others: Option<Opening>,
-    /// Whether the batch was presumed, and rebased past other processes' commits.
-    rebased: bool,
 }
 
 /// How a batch's transaction learns the database's revisions.
@@ -497,12 +466,11 @@ enum Answer {
 /// The key index follows the database: after `Ok` it holds the batch's changes, after `Err`
 /// none of them. The batch writes nothing if the database is below `served`, the highest
 /// revision this process has committed or shown ([`super::fence`]). `landing` is told the
-/// revision the batch moves to before it writes its last rows. A presumed batch given the keys
-/// it `looked_at` may be written after other processes' commits, renumbered ([`rebase`]).
+/// revision the batch moves to before it writes its last rows.
 async fn apply_batch(
     backend: &dyn Backend,
     (index, values, landing): (&mut KeyIndex, &ValueCache, &watch::Sender<i64>),
-    (begin, served, looked_at): (Begin, i64, Option<&[Vec<u8>]>),
+    (begin, served): (Begin, i64),
     compacted: i64,
     jobs: &[WriteJob],
 ) -> std::result::Result<(Committed, Vec<Answer>), Error> {
@@ -514,10 +482,6 @@ async fn apply_batch(
             .map(|tx| (tx, presumed)),
         Begin::Known(_) | Begin::Read => None,
     };
-    // A presumed batch that may be rebased leaves the check against `served` to its append.
-    let rebase = looked_at
-        .filter(|_| presumed.is_some())
-        .map(|looked_at| Rebase { looked_at, served });
     let (tx, opening, known) = match (begin, presumed) {
         (_, Some((tx, presumed))) => (tx, None, Some(presumed)),
         (Begin::Known(known), None) => (backend.write().await?, None, Some(known)),
@@ -531,13 +495,13 @@ async fn apply_batch(
     let mut batch_mark = None;
     let mut others = None;
     let mut answers = Vec::with_capacity(jobs.len());
-    let step: std::result::Result<(Committed, i64), Error> = async {
+    let step: BatchResult = async {
         let start = match (known, &opening) {
             (Some(known), _) => known,
             (None, Some(opening)) => opening.revisions,
             (None, None) => batch.tx.revisions().await?,
         };
-        if start.current < served && rebase.is_none() {
+        if start.current < served {
             return Err(Error::Rewound {
                 database: start.current,
                 served,
@@ -614,11 +578,8 @@ async fn apply_batch(
         if current != start.current {
             landing.send_replace(current);
         }
-        let written = batch
-            .finish(
-                (current != start.current).then_some((start.current, current)),
-                rebase,
-            )
+        batch
+            .finish((current != start.current).then_some((start.current, current)))
             .await?;
         Ok(Committed {
             before: start.current,
@@ -626,31 +587,18 @@ async fn apply_batch(
             compact: compact_moved,
             rows: Vec::new(),
             others: None,
-            rebased: written.is_some_and(|written| written != current),
         })
-        .map(|committed| (committed, written.unwrap_or(current)))
     }
     .await;
     let (tx, rows) = batch.into_parts();
-    let step = step.map(|(committed, written)| {
-        let committed = Committed {
-            rows,
-            others,
-            ..committed
-        };
-        (committed, written)
+    let step = step.map(|committed| Committed {
+        rows,
+        others,
+        ..committed
     });
     let committed = match step {
-        Ok(step) => tx.commit().await.map(|()| step).map_err(Error::from),
+        Ok(committed) => tx.commit().await.map(|()| committed).map_err(Error::from),
         Err(e) => Err(e),
-    };
-    let committed = match committed {
-        Ok((mut committed, written)) if committed.rebased => {
-            let mark = batch_mark.take();
-            rebased(backend, index, mark, &mut committed, written, &mut answers).await;
-            Ok(committed)
-        }
-        other => other.map(|(committed, _)| committed),
     };
     match &committed {
         Ok(committed) => index.commit(committed.current),
@@ -663,70 +611,6 @@ async fn apply_batch(
         }
     }
     committed.map(|committed| (committed, answers))
-}
-
-/// The most revisions of other processes' commits a rebased batch reads with their values, to
-/// hand them to the watch hub.
-const REBASE_HAND_OVER: i64 = 1024;
-
-/// Renumbers a batch the database took after other processes' commits, as `written` says
-/// ([`rebase`]): its rows and answers, and its changes to the key index, which takes in the
-/// commits it was put after first. Those go to the watch hub ahead of the batch's rows, as a
-/// batch that read them under the lock hands them over. Should they not be readable, the index
-/// is reloaded before the next batch (and the hub reads them itself); the batch itself is
-/// committed either way.
-async fn rebased(
-    backend: &dyn Backend,
-    index: &mut KeyIndex,
-    mark: Option<Mark>,
-    committed: &mut Committed,
-    written: i64,
-    answers: &mut [Answer],
-) {
-    let presumed = committed.before;
-    let by = written - committed.current;
-    rebase::shift_rows(&mut committed.rows, presumed, by);
-    for answer in answers {
-        if let Answer::Txn(Ok(answer)) = answer {
-            rebase::shift_answer(answer, presumed, by);
-        }
-    }
-    if let Some(mark) = mark {
-        index.rollback(mark);
-    }
-    // Many commits (an instance idle while others wrote) are not worth their values here.
-    let hand_over = by <= REBASE_HAND_OVER;
-    let others = async {
-        let mut tx = backend.read().await?;
-        match hand_over {
-            true => tx.changes(presumed, presumed + by).await,
-            false => tx.change_keys(presumed, presumed + by).await,
-        }
-    };
-    match others.await {
-        Ok(rows) if !hand_over => index.catch_up(&rows, presumed + by),
-        Ok(rows) => {
-            index.catch_up(&rows, presumed + by);
-            committed.others = Some(Opening {
-                revisions: Revisions {
-                    current: presumed + by,
-                    ..Revisions::default()
-                },
-                changes: rows,
-                after: presumed,
-                through: presumed + by,
-            });
-        }
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot read the commits a batch was rebased past");
-            index.invalidate();
-        }
-    }
-    for row in &committed.rows {
-        index.apply(row);
-    }
-    committed.before = presumed + by;
-    committed.current = written;
 }
 
 /// Applies one lease change inside the writer's transaction; moves `current` past every

@@ -193,12 +193,12 @@ pub fn decode_revisions<'a, R: Columns + 'a>(
     Ok(revisions)
 }
 
-/// What a [`Session::append`] statement's `rows` say: the current revision it wrote, or that it
-/// wrote nothing (it found the database's current revision other than `before`).
-fn appended<R: Columns>(rows: &[R], before: i64) -> Result<i64> {
-    match rows.first() {
-        None => Err(crate::backend::Error::Moved { presumed: before }),
-        Some(row) => row.int(0),
+/// What a [`Session::append`] statement's `rows` say: whether it wrote, or found the database's
+/// current revision other than `before` (or a lease of the batch's rows gone).
+fn appended<R>(rows: &[R], before: i64) -> Result<()> {
+    match rows.is_empty() {
+        true => Err(crate::backend::Error::Moved { presumed: before }),
+        false => Ok(()),
     }
 }
 
@@ -227,10 +227,10 @@ pub trait Session: Send + 'static {
     async fn queue(&mut self, stmt: Stmt<'_>) -> Result<()> {
         self.execute(stmt).await.map(drop)
     }
-    /// Runs a batch's [`Sql::append`] statement, which returns the current revision it wrote,
-    /// and no row when it wrote nothing (the database's current revision was not `before`, the
-    /// batch's first, or not one it could rebase the batch onto).
-    async fn append(&mut self, stmt: Stmt<'_>, before: i64) -> Result<i64> {
+    /// Runs a batch's [`Sql::append`] statement, which returns a row when it wrote and none
+    /// when the database's current revision was not `before`, the batch's first (or a lease
+    /// the batch's rows are attached to is gone).
+    async fn append(&mut self, stmt: Stmt<'_>, before: i64) -> Result<()> {
         appended(&self.fetch(stmt).await?, before)
     }
     /// Commits a transaction; a session outside a transaction just ends.

@@ -390,7 +390,7 @@ where
         }
     }
 
-    async fn append(&mut self, stmt: Stmt<'_>, before: i64) -> Result<i64> {
+    async fn append(&mut self, stmt: Stmt<'_>, before: i64) -> Result<()> {
         let rows = match self {
             ServerSession::Presumed(presumed) if presumed.stage == Stage::Waiting => {
                 // The statement is the whole transaction: it commits as it returns.

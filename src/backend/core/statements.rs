@@ -8,7 +8,7 @@
 use std::borrow::Cow;
 
 use super::Stmt;
-use crate::backend::{LogRow, RangeEnd, Rebase, Scan};
+use crate::backend::{LogRow, RangeEnd, Scan};
 
 /// What differs between dialects in the shared statements.
 #[derive(Clone, Copy, Debug)]
@@ -49,13 +49,11 @@ pub type ValuesAt = for<'a> fn(&[(&'a [u8], i64)]) -> Vec<Stmt<'a>>;
 
 /// Builds the statements that append rows and move the current revision from the first integer
 /// to the second. Each takes the writers' lock, writes only if the current revision is the
-/// first (or, given a [`Rebase`], one it can rebase the rows onto) and every lease of the list
-/// (those the rows were attached to) exists, and returns the current revision it wrote exactly
-/// when it wrote: so it can also run as a transaction of its own, for a writer that presumes the
-/// current revision ([`crate::backend::Backend::write_presuming`]) and read the leases outside
-/// the lock.
-pub type Append =
-    for<'a> fn(&'a [LogRow], i64, i64, &'a [i64], Option<Rebase<'a>>) -> Vec<Stmt<'a>>;
+/// first and every lease of the list (those the rows are attached to) exists, and returns a row
+/// exactly when it wrote: so it can also run as a transaction of its own, for a writer that
+/// presumes the current revision ([`crate::backend::Backend::write_presuming`]) and read the
+/// leases outside the lock.
+pub type Append = for<'a> fn(&'a [LogRow], i64, i64, &'a [i64]) -> Vec<Stmt<'a>>;
 
 /// A dialect's statements. Text fields are complete statements; function fields build the
 /// statements whose shape depends on their arguments.

@@ -3,9 +3,7 @@
 use async_trait::async_trait;
 
 use super::{Columns, Session, SqlTxn, Stmt, decode_revisions, decode_row, lease_rows};
-use crate::backend::{
-    LeaseRow, LogRow, RangeEnd, ReadTxn, Rebase, Result, Revisions, Scan, WriteTxn,
-};
+use crate::backend::{LeaseRow, LogRow, RangeEnd, ReadTxn, Result, Revisions, Scan, WriteTxn};
 
 impl<S: Session> SqlTxn<S> {
     /// [`ReadTxn::values_at`], read `ahead` of the writers' lock where the session can.
@@ -180,20 +178,17 @@ impl<S: Session> WriteTxn for SqlTxn<S> {
         before: i64,
         current: i64,
         leases: &[i64],
-        rebase: Option<Rebase<'_>>,
-    ) -> Result<i64> {
+    ) -> Result<()> {
         match self.0.sql().append {
             Some(append) if !rows.is_empty() => {
-                let mut written = current;
-                for stmt in append(rows, before, current, leases, rebase) {
-                    written = self.0.append(stmt, before).await?;
+                for stmt in append(rows, before, current, leases) {
+                    self.0.append(stmt, before).await?;
                 }
-                Ok(written)
+                Ok(())
             }
             _ => {
                 self.insert_rows(rows).await?;
-                self.set_current_revision(current).await?;
-                Ok(current)
+                self.set_current_revision(current).await
             }
         }
     }

@@ -30,13 +30,8 @@
 //! leases its Puts attach rows to before it takes the lock
 //! ([`crate::backend::WriteTxn::leases_ahead`]; read inside the transaction, each held the lock
 //! one round trip longer), and the function checks under the lock that they still exist: a
-//! lease revoked meanwhile fails the append as a moved revision does.
-//!
-//! With several instances writing, presumptions are mostly wrong, and each batch would hold
-//! the lock for three round trips. A batch of single-key txns therefore presumes anyway and
-//! hands the function the keys it looked at: if other instances committed since, but changed
-//! none of those keys, the function writes the batch's rows after their commits, renumbered
-//! (`crate::mvcc::rebase`). The lock is then held for the one statement whoever writes.
+//! lease revoked meanwhile fails the append as a moved revision does. The old values it needs
+//! are read before the lock as well ([`crate::backend::WriteTxn::values_ahead`]).
 //!
 //! # Reads
 //! Read transactions are `REPEATABLE READ READ ONLY`: one snapshot for the revisions and the
@@ -602,14 +597,13 @@ mod tests {
     /// notifies on the same channel as every other writer.
     #[test]
     fn the_append_function_takes_the_writers_lock_and_notifies() {
-        let migration =
-            include_str!("../../../migrations/postgres/0009_append_checks_leases_and_rebases.sql");
+        let migration = include_str!("../../../migrations/postgres/0009_append_checks_leases.sql");
         let lock = format!("PERFORM pg_advisory_xact_lock({WRITER_LOCK});");
         assert!(
             migration.contains(&lock),
             "the function does not take {lock}"
         );
-        let notify = format!("PERFORM pg_notify('{COMMIT_CHANNEL}', new_current::text);");
+        let notify = format!("PERFORM pg_notify('{COMMIT_CHANNEL}', moved::text);");
         assert!(
             migration.contains(&notify),
             "the function does not send {notify}"

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::sync::LazyLock;
 
 use crate::backend::core::{Arg, Bookkeeping, Sql, Stmt, Syntax, changes_query};
-use crate::backend::{LogRow, RangeEnd, Rebase, Scan};
+use crate::backend::{LogRow, RangeEnd, Scan};
 
 /// The NOTIFY channel that carries committed revisions (a macro so the statement below can
 /// name it as a literal).
@@ -264,37 +264,19 @@ fn insert_rows(rows: &[LogRow]) -> Vec<Stmt<'_>> {
 
 /// [`insert_rows`], the new current revision and its NOTIFY, all in one statement, which can
 /// be a transaction of its own: migration 0009's function, which takes the writers' lock and
-/// writes only if every lease of `$21` still exists and the current revision is still `$20`,
-/// the one the batch began at, or one it may rebase the batch onto (given the keys it looked at,
-/// `$22`, and the newest revision this instance has shown, `$23`); and returns the current
-/// revision it wrote, or no row. A function because PL/pgSQL keeps one plan for its statements,
-/// where this session's own statements are planned afresh at each call (see migration 0007).
-fn append<'a>(
-    rows: &'a [LogRow],
-    before: i64,
-    current: i64,
-    leases: &'a [i64],
-    rebase: Option<Rebase<'a>>,
-) -> Vec<Stmt<'a>> {
-    let stmt = |sql| {
+/// writes only if the current revision is still `$20`, the one the batch began at, and every
+/// lease of `$21` still exists, and returns a row only if it wrote. A function because PL/pgSQL
+/// keeps one plan for its statements, where this session's own statements are planned afresh at
+/// each call (see migration 0007).
+fn append<'a>(rows: &'a [LogRow], before: i64, current: i64, leases: &'a [i64]) -> Vec<Stmt<'a>> {
+    let sql = "SELECT * FROM etcdsql_append($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, \
+               $13, $14, $15, $16, $17, $18, $19, $20, $21)";
+    vec![
         rows_stmt(sql, rows)
             .int(current)
             .int(before)
-            .arg(Arg::Ints(leases.to_vec()))
-    };
-    match rebase {
-        Some(rebase) => {
-            let sql = "SELECT * FROM etcdsql_append($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, \
-                       $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23)";
-            let keys = rebase.looked_at.iter().map(Vec::as_slice).collect();
-            vec![stmt(sql).arg(Arg::Blobs(keys)).int(rebase.served)]
-        }
-        None => {
-            let sql = "SELECT * FROM etcdsql_append($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, \
-                       $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, NULL, $20)";
-            vec![stmt(sql)]
-        }
-    }
+            .arg(Arg::Ints(leases.to_vec())),
+    ]
 }
 
 /// `sql` with the parameters `$1`..`$18` of [`insert_rows`] (and of [`append`]'s function)
