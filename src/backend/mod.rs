@@ -381,21 +381,11 @@ pub trait WriteTxn: ReadTxn {
     /// yet begun ([`Backend::write_presuming`]) reads them without beginning, outside the
     /// writers' lock (the rows cannot change, and its append finds any newer row of their keys
     /// another process wrote), and fails with [`Error::Moved`] if one is missing.
-    async fn values_ahead(&mut self, rows: &[(&[u8], i64)]) -> Result<Vec<Option<Vec<u8>>>> {
-        self.values_at(rows).await
-    }
+    async fn values_ahead(&mut self, rows: &[(&[u8], i64)]) -> Result<Vec<Option<Vec<u8>>>>;
     /// Which of the leases `ids` exist. A transaction not yet begun
     /// ([`Backend::write_presuming`]) reads them without beginning, outside the writers' lock:
     /// its [`WriteTxn::append`] checks those the batch relied on again.
-    async fn leases_ahead(&mut self, ids: &[i64]) -> Result<Vec<i64>> {
-        let mut found = Vec::with_capacity(ids.len());
-        for &id in ids {
-            if self.lease(id).await?.is_some() {
-                found.push(id);
-            }
-        }
-        Ok(found)
-    }
+    async fn leases_ahead(&mut self, ids: &[i64]) -> Result<Vec<i64>>;
     /// [`WriteTxn::insert_rows`], then [`WriteTxn::set_current_revision`]: a batch's last
     /// writes, which a backend may send in fewer round trips together, and may check that the
     /// current revision is still `before`, the batch's first, and that the leases its rows were
