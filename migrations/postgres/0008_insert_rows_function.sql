@@ -1,8 +1,8 @@
 -- The batch's rows have one home: `etcdsql_insert_rows` inserts them, and both the batch's
--- last statement (`etcdsql_append`, redefined here with the same arguments and contract) and
--- the rows a txn writes before it reads with a Range (which the server used to send as a
--- statement of its own with the same three parts) call it. As in migration 0007, PL/pgSQL
--- plans these statements once per session: each touches rows by key alone.
+-- last statement (`etcdsql_append`, redefined by migration 0009 to call it) and the rows a txn
+-- writes before it reads with a Range (which the server used to send as a statement of its own
+-- with the same three parts) call it. As in migration 0007, PL/pgSQL plans these statements
+-- once per session: each touches rows by key alone.
 --
 -- Arguments: the new log rows column by column; what each replaced (kv_replaced); each key's
 -- newest row (kv_head).
@@ -27,39 +27,5 @@ BEGIN
     INSERT INTO kv_head (name, revision, deleted)
         SELECT * FROM unnest(head_names, head_revisions, head_deleteds)
         ON CONFLICT (name) DO UPDATE SET revision = excluded.revision, deleted = excluded.deleted;
-END
-$$;
-
--- Under the writers' lock (taken again if the caller's transaction holds it already), the
--- batch writes only if the current revision is still the presumed one, and then returns the
--- new one and sends the commit notification; otherwise it writes nothing and returns no row.
-CREATE OR REPLACE FUNCTION etcdsql_append(
-    revisions BIGINT[], subs BIGINT[], names BYTEA[], createds BOOLEAN[], deleteds BOOLEAN[],
-    create_revisions BIGINT[], prev_revisions BIGINT[], versions BIGINT[], leases BIGINT[],
-    vals BYTEA[], old_leases BIGINT[],
-    replaced_by BIGINT[], replaced_names BYTEA[], replaced_revisions BIGINT[],
-    replaced_deleteds BOOLEAN[],
-    head_names BYTEA[], head_revisions BIGINT[], head_deleteds BOOLEAN[],
-    new_current BIGINT, presumed BIGINT
-) RETURNS SETOF BIGINT
-LANGUAGE plpgsql
-SET plan_cache_mode = force_generic_plan
-AS $$
-DECLARE
-    moved BIGINT;
-BEGIN
-    PERFORM pg_advisory_xact_lock(28556942883647852);
-    UPDATE meta SET value = new_current
-        WHERE name = 'current_revision' AND value = presumed
-        RETURNING value INTO moved;
-    IF moved IS NULL THEN
-        RETURN;
-    END IF;
-    PERFORM etcdsql_insert_rows(revisions, subs, names, createds, deleteds, create_revisions,
-                                prev_revisions, versions, leases, vals, old_leases,
-                                replaced_by, replaced_names, replaced_revisions,
-                                replaced_deleteds, head_names, head_revisions, head_deleteds);
-    PERFORM pg_notify('etcdsql_commit', moved::text);
-    RETURN NEXT moved;
 END
 $$;

@@ -593,7 +593,7 @@ mod tests {
         assert_eq!(writer_lock!(), WRITER_LOCK.to_string());
     }
 
-    /// The batch's function (migration 0009; 0007 and 0008 before it) takes the same lock and
+    /// The batch's function (migration 0009; 0007 before it) takes the same lock and
     /// notifies on the same channel as every other writer.
     #[test]
     fn the_append_function_takes_the_writers_lock_and_notifies() {
