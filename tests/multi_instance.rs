@@ -795,6 +795,8 @@ async fn kube_like_writer(mut client: etcd_client::Client, w: usize, ops: usize)
     use etcd_client::{Compare, CompareOp, Txn, TxnOp, TxnOpResponse};
     let mut told = Told::default();
     let mut known: std::collections::HashMap<String, i64> = Default::default();
+    // The counter's value as last seen: the number of increments so far.
+    let mut counter: i64 = 0;
     for op in 0..ops {
         let shared = op % 3 == 2;
         let key = match shared {
@@ -802,12 +804,8 @@ async fn kube_like_writer(mut client: etcd_client::Client, w: usize, ops: usize)
             false => format!("told/{w}/{}", op % 4),
         };
         let expected = known.get(&key).copied().unwrap_or(0);
-        // The counter's value is the number of increments so far.
         let value = match shared {
-            true => known
-                .get("told/counter/value")
-                .map_or(1, |n| n + 1)
-                .to_string(),
+            true => (counter + 1).to_string(),
             false => format!("{w}-{op}"),
         };
         let txn = Txn::new()
@@ -829,7 +827,7 @@ async fn kube_like_writer(mut client: etcd_client::Client, w: usize, ops: usize)
             known.insert(key.clone(), revision);
             if shared {
                 told.increments += 1;
-                known.insert("told/counter/value".into(), value.parse().unwrap());
+                counter += 1;
             }
             continue;
         }
@@ -849,8 +847,7 @@ async fn kube_like_writer(mut client: etcd_client::Client, w: usize, ops: usize)
         ));
         known.insert(key.clone(), kv.mod_revision());
         if shared {
-            let seen: i64 = String::from_utf8_lossy(kv.value()).parse().unwrap();
-            known.insert("told/counter/value".into(), seen);
+            counter = String::from_utf8_lossy(kv.value()).parse().unwrap();
         }
     }
     told

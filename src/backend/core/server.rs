@@ -391,18 +391,13 @@ where
     }
 
     async fn append(&mut self, stmt: Stmt<'_>, before: i64) -> Result<()> {
-        let rows = match self {
-            ServerSession::Presumed(presumed) if presumed.stage == Stage::Waiting => {
-                // The statement is the whole transaction: it commits as it returns.
-                let (sql, args) = bound(stmt, DB::bind)?;
-                let rows = sqlx::query_with(sql, args)
-                    .fetch_all(presumed.tx.conn())
-                    .await?;
-                presumed.stage = Stage::Written;
-                rows
-            }
-            _ => self.fetch(stmt).await?,
-        };
+        // Before a presumed transaction begins, the statement is the whole transaction: it
+        // runs on its own, as a read ahead does, and commits as it returns.
+        let alone = self.presumed_ahead().is_some();
+        let rows = self.fetch_ahead(stmt).await?;
+        if let (true, ServerSession::Presumed(presumed)) = (alone, &mut *self) {
+            presumed.stage = Stage::Written;
+        }
         super::appended(&rows, before)
     }
 
