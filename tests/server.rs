@@ -413,3 +413,181 @@ async fn sigterm_shuts_down_cleanly() {
     let kept = c.get("before-term", None).await.unwrap();
     assert_eq!(kept.kvs()[0].value(), b"v");
 }
+
+/// A tmpfs of its own, for a test that fills its disk; unmounted when dropped.
+struct SmallDisk(tempfile::TempDir);
+
+impl SmallDisk {
+    /// A tmpfs of `mib` MiB, or `None` where this process may not mount one (not root). Runs
+    /// that must exercise a full disk set `ETCDSQL_TEST_DISK_FULL=1` (test.sh does, where it
+    /// runs as root), and then not being able to mount is a failure.
+    fn mount(mib: u32) -> Option<Self> {
+        let dir = tempfile::tempdir().unwrap();
+        let mounted = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={mib}m"), "etcdsql-test"])
+            .arg(dir.path())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if mounted {
+            return Some(Self(dir));
+        }
+        assert!(
+            std::env::var_os("ETCDSQL_TEST_DISK_FULL").is_none(),
+            "ETCDSQL_TEST_DISK_FULL is set but a tmpfs cannot be mounted here"
+        );
+        eprintln!("skipped: mounting a tmpfs needs root (ETCDSQL_TEST_DISK_FULL=1 requires it)");
+        None
+    }
+
+    fn resize(&self, mib: u32) {
+        let status = Command::new("mount")
+            .args(["-o", &format!("remount,size={mib}m")])
+            .arg(self.0.path())
+            .status()
+            .unwrap();
+        assert!(status.success(), "remounting the tmpfs at {mib} MiB failed");
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(self.0.path()).status();
+    }
+}
+
+/// A full disk under concurrent writes, on SQLite, whose writer runs each batch while the one
+/// before commits: a commit that fails takes the batch built on it along. Writes then fail
+/// with an error rather than hang; every write acknowledged before the disk filled, and after
+/// space came back (no restart), holds the value and the revision its answer named, and no
+/// revision was answered twice; a `kill -9` and a restart keep them all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_fails_writes_and_loses_no_acknowledged_one() {
+    if shared_database() {
+        return;
+    }
+    let Some(disk) = SmallDisk::mount(3) else {
+        return;
+    };
+    let (process, client) = spawn_binary(disk.0.path(), free_port()).await;
+    // Each writer puts `count` keys of its own, each once, or fewer if its writes fail 20 times
+    // in a row (the disk is full).
+    let write = |round: usize, count: usize| {
+        let mut writers = tokio::task::JoinSet::new();
+        for w in 0..8 {
+            let mut c = client.clone();
+            writers.spawn(async move {
+                let (mut acked, mut failures, mut in_a_row) = (Vec::new(), Vec::new(), 0);
+                for i in 0..count {
+                    let key = format!("full/{round}/{w}/{i:06}");
+                    let value = format!("{key}:{}", "v".repeat(2000));
+                    match c.put(key.as_str(), value.as_str(), None).await {
+                        Ok(r) => {
+                            acked.push((key, value, r.header().unwrap().revision()));
+                            in_a_row = 0;
+                        }
+                        Err(e) => {
+                            failures.push(status(e));
+                            in_a_row += 1;
+                            if in_a_row == 20 {
+                                break;
+                            }
+                        }
+                    }
+                }
+                (acked, failures)
+            });
+        }
+        async move {
+            let (mut acked, mut failures) = (Vec::new(), Vec::new());
+            tokio::time::timeout(Duration::from_secs(120), async {
+                while let Some(done) = writers.join_next().await {
+                    let (a, f) = done.unwrap();
+                    acked.extend(a);
+                    failures.extend(f);
+                }
+            })
+            .await
+            .expect("the writers got their answers within 120 s");
+            (acked, failures)
+        }
+    };
+    // 3 MiB hold about 500 of these writes.
+    let (mut acked, failures) = write(0, 100_000).await;
+    assert!(acked.len() > 100, "only {} writes went in", acked.len());
+    assert!(failures.len() >= 8 * 20, "every writer ends on a full disk");
+    eprintln!(
+        "{} writes acknowledged before the disk filled; the first refusal: {:?}",
+        acked.len(),
+        failures[0]
+    );
+    assert!(
+        failures.iter().all(|s| s.code() != Code::Ok),
+        "refusals are errors"
+    );
+
+    // Space comes back: writes go in again without a restart.
+    disk.resize(64);
+    let mut c = client.clone();
+    let mut again = None;
+    for attempt in 0..50 {
+        match c.put("full/after", "back", None).await {
+            Ok(r) => {
+                again = Some(r.header().unwrap().revision());
+                break;
+            }
+            Err(e) if attempt < 49 => {
+                eprintln!("a write after space came back failed: {:?}", status(e));
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("writes still fail once space is back: {:?}", status(e)),
+        }
+    }
+    let again = again.expect("a write went in");
+    let (more, refused) = write(1, 100).await;
+    assert!(
+        refused.is_empty(),
+        "writes failed with room on the disk: {refused:?}"
+    );
+    acked.extend(more);
+    acked.push(("full/after".into(), "back".into(), again));
+
+    let check = |mut c: Client, acked: Vec<(String, String, i64)>| async move {
+        let mut revisions = std::collections::BTreeSet::new();
+        for (key, value, revision) in &acked {
+            assert!(
+                revisions.insert(*revision),
+                "revision {revision} was answered to two writes"
+            );
+            let got = c.get(key.as_str(), None).await.unwrap();
+            let kv = got
+                .kvs()
+                .first()
+                .unwrap_or_else(|| panic!("acknowledged {key} at revision {revision} was lost"));
+            assert_eq!(kv.mod_revision(), *revision, "{key} is at another revision");
+            assert_eq!(kv.value(), value.as_bytes(), "{key} holds another value");
+        }
+        // Every revision is one put of a key of its own: a revision with no key would be a
+        // batch answered at revisions the log skipped.
+        let all = c
+            .get(
+                "full/",
+                Some(GetOptions::new().with_prefix().with_count_only()),
+            )
+            .await
+            .unwrap();
+        let current = all.header().unwrap().revision();
+        assert_eq!(
+            current,
+            1 + all.count(),
+            "one revision per write in the log"
+        );
+        assert!(revisions.last().is_some_and(|newest| *newest <= current));
+    };
+    check(client.clone(), acked.clone()).await;
+
+    // And after a crash.
+    drop(process);
+    let (_process, client) = spawn_binary(disk.0.path(), free_port()).await;
+    check(client, acked).await;
+}
