@@ -1473,10 +1473,6 @@ impl WriteTxn for InstrumentedWrite {
         .await
     }
 
-    async fn take_turn(&mut self) -> backend::Result<()> {
-        timed(&self.metrics, "take_turn", self.inner.take_turn()).await
-    }
-
     async fn commit(self: Box<Self>) -> backend::Result<()> {
         let InstrumentedWrite { inner, metrics } = *self;
         let started = Instant::now();

@@ -414,11 +414,6 @@ pub trait WriteTxn: ReadTxn {
     async fn savepoint(&mut self) -> Result<()>;
     async fn release_savepoint(&mut self) -> Result<()>;
     async fn rollback_to_savepoint(&mut self) -> Result<()>;
-    /// Takes the writers' lock within this process now, if the transaction has not yet: every
-    /// write transaction begun later then runs its statements after this one ends. (The SQLite
-    /// backend takes its one connection at a transaction's first statement; the others hold it
-    /// from the start.)
-    async fn take_turn(&mut self) -> Result<()>;
     async fn commit(self: Box<Self>) -> Result<()>;
 }
 

@@ -21,10 +21,6 @@
 //! - Changes made while a batch runs are undoable: [`KeyIndex::apply`] records what it replaced,
 //!   [`KeyIndex::rollback`] restores the state of a [`Mark`] (a failed request, or a batch that
 //!   did not commit), and [`KeyIndex::commit`] forgets the record once the database committed.
-//! - A sole writer runs its next batch while the one before commits: that batch's changes stay
-//!   undoable after [`KeyIndex::advance`] moved the revision past them, until
-//!   [`KeyIndex::settle`] learns they committed. Marks count from the index's first change, so
-//!   a mark taken before a settle (or before tombstones were pruned) still means the same point.
 
 use std::collections::{BTreeMap, VecDeque};
 
@@ -79,15 +75,11 @@ pub(crate) fn range_of<'a, V>(
     }
 }
 
-/// A point [`KeyIndex::rollback`] returns to: counts of every change and tombstone the index
-/// ever recorded, settled and pruned ones included, and the revision it described.
+/// A point [`KeyIndex::rollback`] returns to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Mark {
     undo: usize,
     tombstones: usize,
-    revision: i64,
-    /// [`KeyIndex::reloads`] when taken: a reload since leaves nothing to roll back to.
-    reloads: u64,
 }
 
 #[derive(Default)]
@@ -99,12 +91,8 @@ pub(crate) struct KeyIndex {
     /// front instead of walking every key. An entry whose key has since been written again is
     /// stale and skipped when pruned.
     tombstones: VecDeque<(i64, Vec<u8>)>,
-    /// How many tombstones were pruned from the front of `tombstones`.
-    pruned: usize,
-    /// What each unsettled `apply` replaced, newest last.
-    undo: VecDeque<(Vec<u8>, Option<KeyMeta>)>,
-    /// How many changes were settled (dropped from the front of `undo`).
-    settled: usize,
+    /// What each uncommitted `apply` replaced, newest last.
+    undo: Vec<(Vec<u8>, Option<KeyMeta>)>,
     /// Set when the index was found to disagree with the log: it must be loaded afresh.
     stale: bool,
     /// How many times the writer loaded the index afresh after its first load, so that what
@@ -192,7 +180,7 @@ impl KeyIndex {
     /// Records a row written (or found written by another process) as its key's newest.
     pub fn apply(&mut self, row: &LogRow) {
         let replaced = self.keys.insert(row.key.clone(), KeyMeta::of(row));
-        self.undo.push_back((row.key.clone(), replaced));
+        self.undo.push((row.key.clone(), replaced));
         if row.deleted {
             self.tombstones.push_back((row.revision, row.key.clone()));
         }
@@ -200,24 +188,15 @@ impl KeyIndex {
 
     pub fn mark(&self) -> Mark {
         Mark {
-            undo: self.settled + self.undo.len(),
-            tombstones: self.pruned + self.tombstones.len(),
-            revision: self.revision,
-            reloads: self.reloads,
+            undo: self.undo.len(),
+            tombstones: self.tombstones.len(),
         }
     }
 
-    /// Undoes every `apply` since `mark`, and the revision with them. Changes settled since
-    /// cannot be undone: a caller rolls back only to a point after the last settled batch.
+    /// Undoes every `apply` since `mark`.
     pub fn rollback(&mut self, mark: Mark) {
-        self.revision = mark.revision;
-        if mark.reloads != self.reloads {
-            // The changes after the mark may be in the reloaded index or not: load it again.
-            self.stale = true;
-            return;
-        }
-        while self.settled + self.undo.len() > mark.undo {
-            let Some((key, replaced)) = self.undo.pop_back() else {
+        while self.undo.len() > mark.undo {
+            let Some((key, replaced)) = self.undo.pop() else {
                 break;
             };
             match replaced {
@@ -225,42 +204,20 @@ impl KeyIndex {
                 None => self.keys.remove(&key),
             };
         }
-        match mark.tombstones.checked_sub(self.pruned) {
-            Some(kept) => self.tombstones.truncate(kept),
-            // Pruned past the mark (see `prune_tombstones`: it cannot happen): the tombstones
-            // left are not known to be right.
-            None => self.stale = true,
-        }
-    }
-
-    /// The changes so far are on their way to the database as `revision`: the next batch runs
-    /// on them, and they stay undoable until settled.
-    pub fn advance(&mut self, revision: i64) {
-        self.revision = revision;
-    }
-
-    /// The database committed every change before `mark`: they can no longer be undone.
-    pub fn settle(&mut self, mark: Mark) {
-        // After a reload the index holds no change from before it.
-        if mark.reloads != self.reloads {
-            return;
-        }
-        while self.settled < mark.undo && self.undo.pop_front().is_some() {
-            self.settled += 1;
-        }
+        self.tombstones.truncate(mark.tombstones);
     }
 
     /// Makes every change so far permanent: the database committed them as `revision`.
     pub fn commit(&mut self, revision: i64) {
-        self.advance(revision);
-        self.settle(self.mark());
+        self.undo.clear();
+        self.revision = revision;
     }
 
     /// Forgets tombstones below `compacted`, whose rows physical compaction has removed: the log
-    /// no longer knows those keys, so neither does the index. Not inside a batch; a batch still
-    /// committing wrote no such tombstone (the compaction that removes a row comes after it is
-    /// durable), so its mark stays valid.
+    /// no longer knows those keys, so neither does the index. Only between batches (marks would
+    /// no longer point at the right tombstones).
     pub fn prune_tombstones(&mut self, compacted: i64) {
+        debug_assert!(self.undo.is_empty(), "pruning inside a batch");
         while let Some((revision, _)) = self.tombstones.front() {
             if *revision >= compacted {
                 break;
@@ -268,7 +225,6 @@ impl KeyIndex {
             let Some((revision, key)) = self.tombstones.pop_front() else {
                 break;
             };
-            self.pruned += 1;
             // Stale entries (the key was written again since) leave the key alone.
             if self
                 .keys
@@ -380,72 +336,10 @@ mod tests {
         let mark = index.mark();
         index.apply(&put("a", 2, 2, 1));
         index.commit(2);
-        // A rollback to a mark from before the commit has no change left to undo.
+        // A rollback to a mark from before the commit has nothing left to undo.
         index.rollback(mark);
         assert_eq!(index.live(b"a").map(|m| m.mod_revision), Some(2));
-    }
-
-    #[test]
-    fn a_batch_run_while_the_one_before_commits_undoes_alone_or_with_it() {
-        // Two batches: the second ran while the first was committing.
-        let two_batches = || {
-            let mut index = KeyIndex::load([tombstone("z", 1), put("a", 2, 2, 1)], 2);
-            let first = index.mark();
-            index.apply(&put("a", 3, 2, 2));
-            index.apply(&tombstone("c", 3));
-            index.advance(3);
-            let second = index.mark();
-            index.apply(&put("b", 4, 4, 1));
-            index.apply(&tombstone("a", 5));
-            index.advance(5);
-            (index, first, second)
-        };
-
-        // The first failed to commit: both go, and the revision is the first's start.
-        let (mut index, first, _) = two_batches();
-        index.rollback(first);
-        assert_eq!(index.live(b"a").map(|m| m.mod_revision), Some(2));
-        assert!(index.get(b"b").is_none() && index.get(b"c").is_none());
         assert_eq!(index.revision(), 2);
-
-        // The first committed (tombstones were pruned meanwhile) and the second did not: only
-        // the second goes.
-        let (mut index, first, second) = two_batches();
-        index.settle(second);
-        index.prune_tombstones(2);
-        assert!(index.get(b"z").is_none());
-        index.rollback(second);
-        assert_eq!(index.live(b"a").map(|m| m.mod_revision), Some(3));
-        assert!(index.get(b"b").is_none());
-        assert!(index.get(b"c").is_some_and(|m| m.deleted));
-        assert_eq!(index.revision(), 3);
-        assert!(!index.needs_reload());
-        // What settled cannot be undone.
-        index.rollback(first);
-        assert_eq!(index.live(b"a").map(|m| m.mod_revision), Some(3));
-    }
-
-    #[test]
-    fn marks_from_before_a_reload_settle_nothing_and_roll_back_to_a_reload() {
-        let mut index = KeyIndex::load([put("a", 2, 2, 1)], 2);
-        let first = index.mark();
-        index.apply(&put("a", 3, 2, 2));
-        index.advance(3);
-        let second = index.mark();
-        // The next batch found the index out of step and reloaded it, then wrote "b".
-        index.reload([put("a", 3, 2, 2)], 3);
-        let reloaded = index.mark();
-        index.apply(&put("b", 4, 4, 1));
-        index.settle(second);
-        index.rollback(reloaded);
-        assert!(
-            index.get(b"b").is_none(),
-            "settling an old mark kept a newer change"
-        );
-        // The first batch failed after all: the revision goes back, and the index is reloaded.
-        index.rollback(first);
-        assert_eq!(index.revision(), 2);
-        assert!(index.needs_reload());
     }
 
     #[test]

@@ -10,13 +10,12 @@
 //! holds for the wanted row is that row's.
 //!
 //! # Invariants
-//! - An entry `key → row at revision r` is exactly the row `(key, r)` of a batch that ran to
-//!   its end ([`ValueCache::record`]), never of one still running. It is committed, or (a sole
-//!   writer, whose next batch runs while one commits) its batch is committing: if that commit
-//!   fails, the writer clears the cache, so a rolled-back write does not stay cached.
-//! - Entries follow batches in order: recording a batch replaces or removes the entry of every
+//! - An entry `key → row at revision r` is exactly the committed row `(key, r)`: entries come
+//!   only from committed rows ([`ValueCache::record`]), never from a batch still running, so a
+//!   rolled-back write is never cached.
+//! - Entries follow commits in order: recording a batch replaces or removes the entry of every
 //!   key it wrote, before the batch is handed on to be published. So an entry is the key's
-//!   newest row as of the last recorded batch, which is at or after the published revision.
+//!   newest row as of the last recorded commit, which is at or after the published revision.
 //! - The writer's lookups name the revision they want (the key index's newest row), so an entry
 //!   that is no longer the key's newest row (a write failed after the index was reloaded) is a
 //!   miss, never a wrong answer. The applied index is asked by the same `(key, revision)`, and
@@ -96,7 +95,7 @@ impl ValueCache {
         self.bytes = 0;
     }
 
-    /// Takes in the rows of a batch that committed or is committing, in revision order.
+    /// Takes in the rows of a committed batch, in revision order.
     pub(crate) fn record(&mut self, rows: &[LogRow]) {
         for row in rows {
             self.remove(&row.key);

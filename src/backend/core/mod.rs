@@ -235,8 +235,6 @@ pub trait Session: Send + 'static {
     }
     /// Commits a transaction; a session outside a transaction just ends.
     async fn commit(self) -> Result<()>;
-    /// See [`crate::backend::WriteTxn::take_turn`].
-    async fn take_turn(&mut self) -> Result<()>;
 }
 
 /// How a dialect reaches its database: the sessions the core runs its statements on, and what
@@ -248,8 +246,7 @@ pub trait Connector: Send + Sync + 'static {
     async fn read(&self) -> Result<Self::Session>;
     /// Statements that each see the newest commit (see [`Backend::read_unpinned`]).
     async fn read_unpinned(&self) -> Result<Self::Session>;
-    /// The exclusive write transaction: its lock taken, or (SQLite) taken by its first
-    /// statement, write transactions begun later waiting for it.
+    /// The exclusive write transaction (its lock already taken).
     async fn write(&self) -> Result<Self::Session>;
     /// See [`Backend::read_changes`]; by default a snapshot's statements one by one.
     async fn read_changes(&self, after: i64, through: i64) -> Result<(Revisions, Vec<LogRow>)> {

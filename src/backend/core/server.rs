@@ -409,11 +409,4 @@ where
             ServerSession::Single(_) | ServerSession::Kept(_) => Ok(()),
         }
     }
-
-    /// Every write transaction holds its pool connection from the start, and takes the
-    /// database's lock as it begins or (presumed) as it writes; within this process the one
-    /// writer begins transactions one at a time.
-    async fn take_turn(&mut self) -> Result<()> {
-        Ok(())
-    }
 }

@@ -240,10 +240,6 @@ impl<S: Session> WriteTxn for SqlTxn<S> {
         self.0.queue(Stmt::new(&*sql.release_savepoint)).await
     }
 
-    async fn take_turn(&mut self) -> Result<()> {
-        self.0.take_turn().await
-    }
-
     async fn commit(self: Box<Self>) -> Result<()> {
         self.0.commit().await
     }

@@ -386,45 +386,38 @@ impl Sqlite {
 
     /// The writer's connection, any transaction it left open rolled back. Holding it keeps
     /// every other write waiting.
-    async fn idle_writer(&self) -> Result<WriterGuard> {
-        idle_writer(self.writer.clone()).await
+    async fn idle_writer(&self) -> Result<OwnedMappedMutexGuard<Option<WriterConn>, WriterConn>> {
+        let writer = self.writer.clone().lock_owned().await;
+        let Ok(mut conn) = OwnedMutexGuard::try_map(writer, Option::as_mut) else {
+            return Err(sqlx::Error::PoolClosed.into());
+        };
+        if conn.open {
+            // Fails only if SQLite already ended that transaction itself; if the connection is
+            // broken, the next statement says so.
+            let _ = sqlx::query("ROLLBACK").execute(&mut conn.conn).await;
+            conn.open = false;
+        }
+        Ok(conn)
     }
 
-    /// A write transaction: it takes the writer connection at its first statement (see
-    /// [`SqliteTxn`]), and begins with it.
-    fn begin_write(&self) -> Result<SqliteTxn> {
+    /// Waits for the writer connection and opens a write transaction on it.
+    async fn begin_write(&self) -> Result<SqliteTxn> {
+        let mut conn = self.idle_writer().await?;
+        if self.wal_restart_due.swap(false, Ordering::Relaxed) {
+            restart_wal(&mut conn.conn).await;
+        }
         // IMMEDIATE takes SQLite's write lock at the start rather than at the first write, so
         // the current revision read at the start cannot be overtaken by another writer. It is
-        // sent with the first statement.
+        // sent with the first statement; `open` from now on, as that may fail halfway.
         let mut pending = Pending::default();
         pending.push("BEGIN IMMEDIATE", Vec::new())?;
+        conn.open = true;
         Ok(SqliteTxn {
-            conn: Conn::Write {
-                writer: self.writer.clone(),
-                wal_restart_due: self.wal_restart_due.clone(),
-                held: None,
-            },
+            conn: Conn::Write(conn),
             pending,
         })
     }
 }
-
-/// The writer's connection once it is free, any transaction left open on it rolled back.
-async fn idle_writer(writer: Arc<Mutex<Option<WriterConn>>>) -> Result<WriterGuard> {
-    let writer = writer.lock_owned().await;
-    let Ok(mut conn) = OwnedMutexGuard::try_map(writer, Option::as_mut) else {
-        return Err(sqlx::Error::PoolClosed.into());
-    };
-    if conn.open {
-        // Fails only if SQLite already ended that transaction itself; if the connection is
-        // broken, the next statement says so.
-        let _ = sqlx::query("ROLLBACK").execute(&mut conn.conn).await;
-        conn.open = false;
-    }
-    Ok(conn)
-}
-
-type WriterGuard = OwnedMappedMutexGuard<Option<WriterConn>, WriterConn>;
 
 #[async_trait]
 impl Connector for Sqlite {
@@ -445,7 +438,7 @@ impl Connector for Sqlite {
     }
 
     async fn write(&self) -> Result<SqliteTxn> {
-        self.begin_write()
+        self.begin_write().await
     }
 
     fn sole_writer(&self) -> bool {
@@ -523,14 +516,9 @@ impl Connector for Sqlite {
 
 /// A read transaction, or the write transaction.
 ///
-/// The write transaction takes the writer connection when it first sends a statement, not when
-/// it is begun: a sole writer runs its next batch in memory while the batch before commits on
-/// the connection, and only what that batch must read from SQL waits for the commit
-/// ([`crate::backend::WriteTxn::take_turn`] takes it at once).
-///
-/// The write transaction sends what it can in as few round trips as possible: each statement
-/// is a trip to the connection's worker thread, and under load each trip waits for that thread
-/// to be scheduled, which costs more than SQLite's own work. So its BEGIN and every queued
+/// The write transaction sends what it can in as few round trips as possible: each statement is
+/// a trip to the connection's worker thread, and under load each trip waits for that thread to
+/// be scheduled, which costs more than SQLite's own work. So its BEGIN and every queued
 /// statement (inserts, meta updates, savepoints) wait in `pending` and go with the next
 /// statement that must answer, or with the COMMIT: a batch of creates is then one trip, a batch
 /// of updates two.
@@ -566,12 +554,7 @@ fn numbered_parameters(sql: &str) -> bool {
 
 enum Conn {
     Read(ReaderLoan),
-    Write {
-        writer: Arc<Mutex<Option<WriterConn>>>,
-        wal_restart_due: Arc<AtomicBool>,
-        /// The connection, once taken; the transaction is open on it from then on.
-        held: Option<WriterGuard>,
-    },
+    Write(OwnedMappedMutexGuard<Option<WriterConn>, WriterConn>),
 }
 
 impl SqliteTxn {
@@ -582,31 +565,10 @@ impl SqliteTxn {
         }
     }
 
-    /// The transaction's connection; a write transaction waits for the writer connection the
-    /// first time.
-    async fn conn(&mut self) -> Result<&mut SqliteConnection> {
+    fn conn(&mut self) -> &mut SqliteConnection {
         match &mut self.conn {
-            Conn::Read(loan) => Ok(&mut loan.conn().conn),
-            Conn::Write {
-                writer,
-                wal_restart_due,
-                held,
-            } => {
-                if held.is_none() {
-                    let mut conn = idle_writer(writer.clone()).await?;
-                    if wal_restart_due.swap(false, Ordering::Relaxed) {
-                        restart_wal(&mut conn.conn).await;
-                    }
-                    // `open` from now on: the BEGIN goes with the first statement, which may
-                    // fail halfway.
-                    conn.open = true;
-                    *held = Some(conn);
-                }
-                match held {
-                    Some(conn) => Ok(&mut conn.conn),
-                    None => Err(sqlx::Error::PoolClosed.into()),
-                }
-            }
+            Conn::Read(loan) => &mut loan.conn().conn,
+            Conn::Write(writer) => &mut writer.conn,
         }
     }
 
@@ -617,7 +579,7 @@ impl SqliteTxn {
         }
         let Pending { sql, args } = std::mem::take(&mut self.pending);
         sqlx::query_with(sqlx::AssertSqlSafe(sql), args)
-            .execute(self.conn().await?)
+            .execute(self.conn())
             .await?;
         Ok(())
     }
@@ -638,22 +600,18 @@ impl Session for SqliteTxn {
             let mut pending = std::mem::take(&mut self.pending);
             pending.push(&stmt.sql, stmt.args)?;
             let query = sqlx::query_with(sqlx::AssertSqlSafe(pending.sql), pending.args);
-            return Ok(query.fetch_all(self.conn().await?).await?);
+            return Ok(query.fetch_all(self.conn()).await?);
         }
         self.send_pending().await?;
         let (sql, args) = bound(stmt, bind_scalar::<SqliteArguments>)?;
-        Ok(sqlx::query_with(sql, args)
-            .fetch_all(self.conn().await?)
-            .await?)
+        Ok(sqlx::query_with(sql, args).fetch_all(self.conn()).await?)
     }
 
     async fn execute(&mut self, stmt: Stmt<'_>) -> Result<u64> {
         // Apart from what is pending, so the count is this statement's alone.
         self.send_pending().await?;
         let (sql, args) = bound(stmt, bind_scalar::<SqliteArguments>)?;
-        let done = sqlx::query_with(sql, args)
-            .execute(self.conn().await?)
-            .await?;
+        let done = sqlx::query_with(sql, args).execute(self.conn()).await?;
         Ok(done.rows_affected())
     }
 
@@ -669,16 +627,9 @@ impl Session for SqliteTxn {
         }
         self.pending.push("COMMIT", Vec::new())?;
         self.send_pending().await?;
-        if let Conn::Write {
-            held: Some(conn), ..
-        } = &mut self.conn
-        {
-            conn.open = false;
+        if let Conn::Write(writer) = &mut self.conn {
+            writer.open = false;
         }
         Ok(())
-    }
-
-    async fn take_turn(&mut self) -> Result<()> {
-        self.conn().await.map(drop)
     }
 }
