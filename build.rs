@@ -19,6 +19,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let encoded = descriptors.encode_to_vec();
     tonic_prost_build::configure()
         .build_client(true)
+        // Sizes each response's buffer before encoding it (src/api/codec.rs).
+        .codec_path("crate::api::codec::SizedCodec")
         .compile_fds(descriptors)?;
     pbjson_build::Builder::new()
         .register_descriptors(&encoded)?

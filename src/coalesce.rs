@@ -12,14 +12,19 @@
 //!
 //! # How
 //! [`Coalesce`] wraps the accepted connection under the HTTP/2 server:
-//! - Writes smaller than [`LARGE`] are copied into a buffer; larger ones (a 16 KiB DATA frame
-//!   of a list) send what is buffered and then go straight to the socket, uncopied.
-//! - A flush sends at once when nothing would be gained by waiting: no request on the listener
-//!   is being handled ([`InFlight`], counted by a tower layer from the moment the server
-//!   accepts a request until its handler returns the response), so no other response is coming
-//!   and a lone client should not pay for a pass of the runtime; or [`LARGE`] bytes are
-//!   buffered already, enough for one call's worth (a large response held back would only
-//!   delay the client's flow-control window updates).
+//! - Writes are copied into a buffer of up to [`GATHER`] bytes; one that would overflow it
+//!   sends what is buffered first, and one of [`GATHER`] bytes or more then goes straight to
+//!   the socket, uncopied.
+//! - A flush with less than [`LARGE`] buffered sends at once when nothing would be gained by
+//!   waiting: no request on the listener is being handled ([`InFlight`], counted by a tower
+//!   layer from the moment the server accepts a request until its handler returns the
+//!   response), so no other response is coming and a lone client should not pay for a pass of
+//!   the runtime.
+//! - A flush with [`LARGE`] bytes or more buffered (a large response under way: h2 writes it
+//!   as DATA frames of 16 KiB, the most most clients accept, and flushes after each) sends only
+//!   once [`GATHER`] bytes are buffered. A page of 500 keys thus leaves in sends of 64 KiB
+//!   instead of 16 KiB: a quarter of the system calls and segments, on both ends (copying the
+//!   frames costs less than the calls it saves).
 //! - Otherwise the first flush does not write: it defers a wake of the connection's task to
 //!   the runtime's next pass (`tokio::task::yield_now`'s mechanism: deferred wakes run once the
 //!   worker has drained its queue, or every few dozen tasks) and reports the flush done.
@@ -31,7 +36,7 @@
 //! - Bytes leave in the order they were written, none is dropped, and buffered bytes never
 //!   wait for another client's request: the deferred wake comes on its own.
 //! - A shutdown sends everything buffered first.
-//! - Fewer than 2 × [`LARGE`] bytes are held per connection, and a write that finds the buffer
+//! - At most [`GATHER`] bytes are held per connection, and a write that finds the buffer
 //!   full waits for the socket, so a slow reader still pushes back on the server.
 //! - Outside a runtime worker the wake is not deferred, and each flush writes at once.
 
@@ -137,6 +142,9 @@ impl<F: Future> Future for CountedFuture<F> {
 
 /// Writes at least this large are not copied, and a buffer this full is sent without waiting.
 pub const LARGE: usize = 16 * 1024;
+
+/// The most bytes gathered into one send: one loopback segment's worth.
+pub const GATHER: usize = 64 * 1024;
 
 /// A connection whose writes are gathered into one send per pass of the runtime.
 #[derive(Debug)]
@@ -255,9 +263,9 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Coalesce<S> {
         let this = self.get_mut();
         ready!(this.poll_send_due(cx))?;
         let len: usize = bufs.iter().map(|b| b.len()).sum();
-        if len >= LARGE || this.buffered() >= LARGE {
+        if this.buffered() + len > GATHER {
             ready!(this.poll_send(cx))?;
-            if len >= LARGE {
+            if len >= GATHER {
                 return Pin::new(&mut this.inner).poll_write_vectored(cx, bufs);
             }
         }
@@ -275,7 +283,12 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Coalesce<S> {
         let this = self.get_mut();
         ready!(this.poll_send_due(cx))?;
         if this.buffered() > 0 {
-            if this.buffered() < LARGE && this.in_flight.any() {
+            let hold = if this.buffered() < LARGE {
+                this.in_flight.any()
+            } else {
+                this.buffered() < GATHER
+            };
+            if hold {
                 this.defer_send(cx);
                 return Poll::Ready(Ok(()));
             }
@@ -424,7 +437,7 @@ mod tests {
         .await;
         stalled.unwrap();
         assert!(
-            accepted < 2 * LARGE + 1024,
+            accepted <= GATHER + 1024,
             "took {accepted} bytes with the reader stalled"
         );
 
@@ -514,20 +527,34 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn large_writes_are_not_held_back() {
+    async fn a_large_response_leaves_in_sends_of_gather_bytes() {
         let (in_flight, _entered) = busy();
         let mut conn = Coalesce::new(Recorder::default(), in_flight);
+        // As h2 writes a large response: its headers, then DATA frames of 16 KiB and a 9-byte
+        // head, each followed by a flush.
+        let mut written = b"HEADERS".to_vec();
         conn.write_all(b"HEADERS").await.unwrap();
-        let frame = vec![1u8; LARGE];
-        conn.write_all(&frame).await.unwrap();
-        assert_eq!(conn.inner.sends, vec![b"HEADERS".to_vec(), frame]);
-
-        // Small writes that add up to a call's worth are sent at the flush.
-        for _ in 0..LARGE / 1024 {
-            conn.write_all(&[2u8; 1024]).await.unwrap();
-        }
         conn.flush().await.unwrap();
-        assert_eq!(conn.inner.sends.len(), 3);
-        assert_eq!(conn.inner.sends[2].len(), LARGE);
+        for i in 0..10u8 {
+            let frame = vec![i; LARGE + 9];
+            conn.write_all(&frame).await.unwrap();
+            conn.flush().await.unwrap();
+            written.extend_from_slice(&frame);
+        }
+        let sends = conn.inner.sends.len();
+        assert!((2..=3).contains(&sends), "ten frames left in {sends} sends");
+        assert!(conn.inner.sends.iter().all(|send| send.len() <= GATHER));
+        // The rest waits for the runtime's pass, then leaves in one send.
+        tokio::task::yield_now().await;
+        conn.flush().await.unwrap();
+        assert_eq!(conn.inner.sends.len(), sends + 1);
+        assert_eq!(conn.inner.sends.concat(), written);
+
+        // A write of a gathering's worth or more is not copied: it leaves as it is.
+        let big = vec![9u8; GATHER];
+        conn.write_all(b"HEAD").await.unwrap();
+        conn.write_all(&big).await.unwrap();
+        assert_eq!(conn.inner.sends[sends + 1], b"HEAD");
+        assert_eq!(conn.inner.sends[sends + 2], big);
     }
 }

@@ -5,6 +5,7 @@
 
 pub mod auth;
 pub mod cluster;
+pub mod codec;
 pub mod election;
 pub mod gateway;
 pub mod http;
