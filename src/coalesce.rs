@@ -21,8 +21,8 @@
 //!   response), so no other response is coming and a lone client should not pay for a pass of
 //!   the runtime.
 //! - A flush with [`LARGE`] bytes or more buffered (a large response under way: h2 writes it
-//!   as DATA frames of 16 KiB, the most most clients accept, and flushes after each) sends only
-//!   once [`GATHER`] bytes are buffered. A page of 500 keys thus leaves in sends of 64 KiB
+//!   as DATA frames of 16 KiB, the largest most clients accept, and flushes after each) sends
+//!   only once [`GATHER`] bytes are buffered. A page of 500 keys thus leaves in sends of 64 KiB
 //!   instead of 16 KiB: a quarter of the system calls and segments, on both ends (copying the
 //!   frames costs less than the calls it saves).
 //! - Otherwise the first flush does not write: it defers a wake of the connection's task to
@@ -140,7 +140,8 @@ impl<F: Future> Future for CountedFuture<F> {
     }
 }
 
-/// Writes at least this large are not copied, and a buffer this full is sent without waiting.
+/// From this much buffered on, a flush means a large response is under way: it waits for
+/// [`GATHER`] bytes instead of sending.
 pub const LARGE: usize = 16 * 1024;
 
 /// The most bytes gathered into one send: one loopback segment's worth.
