@@ -25,9 +25,10 @@
 //!   only once [`GATHER`] bytes are buffered. A page of 500 keys thus leaves in sends of 64 KiB
 //!   instead of 16 KiB: a quarter of the system calls and segments, on both ends (copying the
 //!   frames costs less than the calls it saves).
-//! - Otherwise the first flush does not write: it defers a wake of the connection's task to
-//!   the runtime's next pass (`tokio::task::yield_now`'s mechanism: deferred wakes run once the
-//!   worker has drained its queue, or every few dozen tasks) and reports the flush done.
+//! - A flush that holds back does not write: the first one defers a wake of the connection's
+//!   task to the runtime's next pass (`tokio::task::yield_now`'s mechanism: deferred wakes run
+//!   once the worker has drained its queue, or every few dozen tasks) and reports the flush
+//!   done.
 //!   Stream tasks that run meanwhile add their responses to the same buffer.
 //! - Once that wake has fired, the next touch of the connection (a read, a write or a flush;
 //!   the woken task always reads) sends everything buffered.
