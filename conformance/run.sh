@@ -77,7 +77,14 @@ else
     [ -x "$ETCDSQL_BIN" ] || { echo "run.sh: etcdsql binary not found at $ETCDSQL_BIN (set ETCDSQL_BIN or cargo build --release)" >&2; exit 2; }
 fi
 
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/etcdsql-conformance.XXXXXX")
+# The servers' state goes to memory where the machine has a tmpfs: the scenarios test behaviour,
+# not durability (the crash and full-disk tests do that on a real disk), and a shared disk that
+# stalls fsync for seconds made the reference etcd time out whole scenarios in CI.
+work_root=${TMPDIR:-/tmp}
+if [ -z "${TMPDIR:-}" ] && [ -d /dev/shm ] && [ -w /dev/shm ]; then
+    work_root=/dev/shm
+fi
+WORK=$(mktemp -d "$work_root/etcdsql-conformance.XXXXXX")
 SERVER_PID=""
 SERVER_FLAGS=()
 

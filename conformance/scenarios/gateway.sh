@@ -27,12 +27,14 @@ if status:
     print("http", status)
 ' "$1"
 }
-# post PATH JSON [CURL ARGS...]: one unary call; prints the answer and the HTTP status.
+# post PATH JSON [CURL ARGS...]: one unary call; prints the answer and the HTTP status. Each
+# call is bounded (-m 20): one that hangs shows as `http 000` instead of timing the whole
+# scenario out.
 post() {
     local path=$1 body=$2 out status
     shift 2
     out=$(mktemp)
-    status=$(curl -s -o "$out" -w '%{http_code}' -X POST "$ENDPOINT$path" -d "$body" "$@")
+    status=$(curl -s -m 20 -o "$out" -w '%{http_code}' -X POST "$ENDPOINT$path" -d "$body" "$@")
     show "$status" <"$out"
     rm -f "$out"
 }
@@ -63,9 +65,9 @@ post /v3/kv/range ''
 post /v3/kv/range '{"key":"YQ==","revision":"2"}'
 post /v3/kv/range '{"key":"YQ==","revision":"100"}'
 post /v3/kv/put '{"key":"YQ==","lease":"12345"}'
-curl -s -o /dev/null -w 'http %{http_code}\n' -X POST "$ENDPOINT/v3/kv/range" -d 'not json'
+curl -s -m 20 -o /dev/null -w 'http %{http_code}\n' -X POST "$ENDPOINT/v3/kv/range" -d 'not json'
 out=$(mktemp)
-status=$(curl -s -o "$out" -w '%{http_code}' "$ENDPOINT/v3/kv/range")
+status=$(curl -s -m 20 -o "$out" -w '%{http_code}' "$ENDPOINT/v3/kv/range")
 show "$status" <"$out"
 post /v3/nowhere '{}'
 section 'leases'
@@ -97,7 +99,7 @@ post /v3/auth/user/add '{"name":"root","password":"rootpw"}'
 post /v3/auth/user/grant '{"user":"root","role":"root"}'
 post /v3/auth/enable '{}'
 post /v3/kv/range '{"key":"Yw=="}'
-token=$(curl -s -X POST "$ENDPOINT/v3/auth/authenticate" -d '{"name":"root","password":"rootpw"}' |
+token=$(curl -s -m 20 -X POST "$ENDPOINT/v3/auth/authenticate" -d '{"name":"root","password":"rootpw"}' |
     python3 -c 'import json,sys; print(json.load(sys.stdin)["token"])')
 post /v3/kv/range '{"key":"Yw=="}' -H "Authorization: $token"
 post /v3/auth/status '{}' -H "Authorization: $token"
