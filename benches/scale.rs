@@ -561,7 +561,7 @@ async fn measure(
     reads(behind, "the compact revision, 1,000+ writes behind").await?;
 
     shutdown.cancel();
-    running.wait().await?;
+    running.wait().await;
     explain(endpoint, fixture, behind).await
 }
 

@@ -52,10 +52,10 @@
 //! and panicking on malformed input (`httlib-hpack`).
 //!
 //! # Wiring
-//! Wrap each accepted stream before tonic sees it, e.g. with
-//! `tokio_stream::StreamExt::map`:
-//! `serve_with_incoming_shutdown(incoming.map(|conn| conn.map(AuthorityFix::new)), signal)`.
-//! The adapter forwards [`Connected`] to the inner stream, so `Request::remote_addr` works.
+//! Wrap each accepted stream before the HTTP/2 server reads it, e.g. with
+//! `tokio_stream::StreamExt::map`: `incoming.map(|conn| conn.map(AuthorityFix::new))`, as
+//! `crate::server` does. The adapter forwards [`Connected`] to the inner stream, so the
+//! connection's `ConnectInfo` still reaches each request.
 
 use std::fmt;
 use std::io;

@@ -32,6 +32,7 @@ pub mod coalesce;
 pub mod compat;
 pub mod concurrency;
 pub mod config;
+pub mod connections;
 pub mod export;
 pub mod import;
 pub mod lease;

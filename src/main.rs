@@ -136,10 +136,8 @@ async fn main() -> anyhow::Result<()> {
         tracing::info!("shutting down");
         shutdown.cancel();
     });
-    running
-        .wait()
-        .await
-        .context("etcdsql stopped with an error")
+    running.wait().await;
+    Ok(())
 }
 
 async fn run_tool(config: &etcdsql::Config, command: Command) -> anyhow::Result<()> {

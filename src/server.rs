@@ -4,13 +4,15 @@
 //! socket, TLS already negotiated — and each is wrapped in [`AuthorityFix`] *after* TLS, since
 //! the repair has to read the decrypted HTTP/2 frames. gRPC and HTTP (`/version`, `/health`,
 //! `/metrics`) share every port; `--listen-metrics-urls` ports serve only `/metrics` and
-//! `/health`. A gRPC metrics layer wraps every service ([`crate::metrics`]).
+//! `/health`. hyper serves the connections ([`crate::connections`]), and a gRPC metrics layer
+//! wraps every service ([`crate::metrics`]).
 //!
 //! Shutdown order: stop accepting and let in-flight requests finish (bounded by the grace
 //! period, since watch streams never finish on their own), then stop the store's writer after
 //! its current batch, then close the database. A write is acknowledged only after its batch
 //! committed, so cutting streams at the deadline loses nothing that was acknowledged.
 
+use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -21,6 +23,7 @@ use tokio_stream::StreamExt;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tonic::service::Routes;
+use tower_layer::Layer;
 
 use crate::api::auth::{AuthService, Callers};
 use crate::api::cluster::ClusterService;
@@ -38,11 +41,13 @@ use crate::coalesce::{Coalesce, InFlight};
 use crate::compat::AuthorityFix;
 use crate::concurrency::Recipes;
 use crate::config::Config;
+use crate::connections::{self, Dispatch};
 use crate::lease::{Lessor, SystemClock};
 use crate::listener::{self, Listener};
 use crate::metrics::{self, Metrics};
 use crate::mvcc::{self, Store, StoreOptions};
 use crate::pb::etcdserverpb as pb;
+use crate::pb::etcdserverpb::kv_server::KvServer;
 use crate::pb::{v3electionpb, v3lockpb};
 use crate::tls;
 use crate::watch::Hub;
@@ -64,8 +69,6 @@ pub enum Error {
     Store(#[from] mvcc::Error),
     #[error(transparent)]
     Auth(#[from] auth::Error),
-    #[error("serving failed: {0}")]
-    Transport(#[from] tonic::transport::Error),
 }
 
 /// A started server.
@@ -76,16 +79,15 @@ pub struct Running {
     pub client_urls: Vec<String>,
     /// The `--listen-metrics-urls` listeners' URLs as bound.
     pub metrics_urls: Vec<String>,
-    done: tokio::task::JoinHandle<Result<(), Error>>,
+    done: tokio::task::JoinHandle<()>,
 }
 
 impl Running {
     /// Waits until the server has shut down completely (database closed).
-    ///
-    /// # Errors
-    /// A listener failed while serving.
-    pub async fn wait(self) -> Result<(), Error> {
-        self.done.await.unwrap_or(Ok(()))
+    pub async fn wait(self) {
+        if let Err(e) = self.done.await {
+            tracing::error!(error = %e, "the shutdown task failed");
+        }
     }
 }
 
@@ -184,8 +186,8 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Runnin
         metrics.clone(),
         callers.clone(),
     );
-    let routes = build_routes(&store, watch, lease, recipes, &callers, &info, &metrics)
-        .add_service(health_service);
+    let (kv, routes) = build_routes(&store, watch, lease, recipes, &callers, &info, &metrics);
+    let routes = Dispatch::new(kv, routes.add_service(health_service));
     let metrics_routes = Routes::from(api::http::metrics_routes(
         store.clone(),
         info.clone(),
@@ -217,13 +219,12 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Runnin
 
     let grace = Duration::from_secs(config.shutdown_grace_seconds);
     let done = tokio::spawn(async move {
-        let served = serve_until_shutdown(servers, &shutdown, grace).await;
+        serve_until_shutdown(servers, &shutdown, grace).await;
         store_shutdown.cancel();
         tasks.close();
         tasks.wait().await;
         backend.close().await;
         tracing::info!("etcdsql stopped");
-        served
     });
     Ok(Running {
         local_addrs,
@@ -234,33 +235,36 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Runnin
 }
 
 /// Serves `routes` on one listener until `shutdown` fires.
-fn serve(
+fn serve<S, B>(
     listener: Listener,
-    routes: Routes,
+    routes: S,
     metrics: &Metrics,
     tasks: &TaskTracker,
     shutdown: &CancellationToken,
-) -> impl Future<Output = Result<(), tonic::transport::Error>> + Send + 'static {
+) -> impl Future<Output = ()> + Send + 'static
+where
+    S: tower_service::Service<
+            http::Request<tonic::body::Body>,
+            Response = http::Response<B>,
+            Error = Infallible,
+        > + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     // TLS is already done when a connection comes out of the listener; the authority repair
     // (etcdctl 3.4 sends URL-valued `:authority` headers that h2 would reject) reads the
     // decrypted HTTP/2 frames. Under it, responses gather into one send per pass of the runtime
     // while the listener has requests in hand.
     let in_flight = InFlight::default();
-    let layer = in_flight.layer();
+    let counted = in_flight.layer();
     let incoming = listener.accept(tasks, shutdown.clone()).map(move |conn| {
         conn.map(|conn| AuthorityFix::new(Coalesce::new(conn, in_flight.clone())))
     });
-    tonic::transport::Server::builder()
-        .accept_http1(true)
-        // Answer clients' keepalive pings and detect dead peers; kube-apiserver holds
-        // hundreds of long-lived connections.
-        .http2_keepalive_interval(Some(Duration::from_secs(30)))
-        .http2_keepalive_timeout(Some(Duration::from_secs(10)))
-        .max_concurrent_streams(None)
-        .layer(metrics.grpc_layer())
-        .layer(layer)
-        .add_routes(routes)
-        .serve_with_incoming_shutdown(incoming, shutdown.clone().cancelled_owned())
+    let service = metrics.grpc_layer().layer(counted.layer(routes));
+    connections::serve(incoming, service, shutdown.clone())
 }
 
 /// Warns, loudly, about client listeners that anyone on the network could use: etcd's API has
@@ -320,7 +324,7 @@ fn build_routes(
     callers: &Callers,
     info: &ServerInfo,
     metrics: &Metrics,
-) -> Routes {
+) -> (KvServer<KvService>, Routes) {
     // One object per service, shared by gRPC and the JSON gateway.
     let services = gateway::Services {
         kv: Arc::new(KvService::new(
@@ -372,7 +376,7 @@ fn build_routes(
             .max_decoding_message_size(max_decoding);
     let auth = pb::auth_server::AuthServer::from_arc(services.auth.clone())
         .max_decoding_message_size(max_decoding);
-    let mut routes = Routes::new(kv)
+    let mut routes = Routes::new(kv.clone())
         .add_service(watch)
         .add_service(lease)
         .add_service(maintenance)
@@ -389,46 +393,35 @@ fn build_routes(
         ))
         .merge(gateway::routes(services))
         .fallback(api::http::not_found);
-    routes
+    (kv, routes)
 }
 
-/// Waits for every listener to stop; after `shutdown`, waits at most `grace` for open
-/// connections to finish.
+/// Waits for `shutdown` (or for every listener to have stopped), then at most `grace` for the
+/// open connections to finish.
 async fn serve_until_shutdown(
-    mut servers: JoinSet<Result<(), tonic::transport::Error>>,
+    mut servers: JoinSet<()>,
     shutdown: &CancellationToken,
     grace: Duration,
-) -> Result<(), Error> {
-    let mut result = Ok(());
-    let mut collect = |joined: Result<Result<(), tonic::transport::Error>, _>| {
-        if let Ok(Err(e)) = joined {
-            tracing::error!(error = %e, "listener failed");
-            shutdown.cancel();
-            result = Err(Error::Transport(e));
-        }
-    };
+) {
     loop {
         tokio::select! {
-            joined = servers.join_next() => match joined {
-                Some(joined) => collect(joined),
-                None => break,
+            joined = servers.join_next() => if joined.is_none() {
+                return;
             },
-            () = shutdown.cancelled() => {
-                let drained = tokio::time::timeout(grace, async {
-                    while let Some(joined) = servers.join_next().await {
-                        collect(joined);
-                    }
-                })
-                .await;
-                if drained.is_err() {
-                    tracing::warn!(?grace, "connections still open after the grace period; closing them");
-                    servers.shutdown().await;
-                }
-                break;
-            }
+            () = shutdown.cancelled() => break,
         }
     }
-    result
+    let drained = tokio::time::timeout(grace, async {
+        while servers.join_next().await.is_some() {}
+    })
+    .await;
+    if drained.is_err() {
+        tracing::warn!(
+            ?grace,
+            "connections still open after the grace period; closing them"
+        );
+        servers.shutdown().await;
+    }
 }
 
 /// Keeps the gRPC health service in step with whether the database answers.

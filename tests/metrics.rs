@@ -582,7 +582,7 @@ async fn the_metrics_listener_serves_only_metrics_and_health() {
         .unwrap();
     assert_eq!(version.status(), 404);
     shutdown.cancel();
-    running.wait().await.unwrap();
+    running.wait().await;
 }
 
 /// Every metric name the Grafana dashboard's queries use.

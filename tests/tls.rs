@@ -127,7 +127,7 @@ impl Server {
     async fn stop(mut self) {
         self.shutdown.cancel();
         if let Some(running) = self.running.take() {
-            running.wait().await.expect("clean shutdown");
+            running.wait().await;
         }
     }
 }

@@ -109,8 +109,7 @@ impl TestServer {
         if let Some(running) = self.running.take() {
             tokio::time::timeout(Duration::from_secs(30), running.wait())
                 .await
-                .expect("the server stops within 30 s")
-                .expect("clean shutdown");
+                .expect("the server stops within 30 s");
         }
     }
 }

@@ -27,10 +27,8 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, LazyLock, Mutex, OnceLock};
-use std::task::{Context, Poll, ready};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -48,32 +46,16 @@ use crate::lease::ExpiryObserver;
 use crate::mvcc::types::{KeyRange, OpResponse, RangeRequest, TxnResponse};
 use crate::mvcc::{CommitObserver, ReadStats, Store, WriteStats};
 
+mod grpc;
+
+pub use grpc::GrpcMetricsLayer;
+
 /// The media type of [`Metrics::encode`]'s output.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// Commit times kept for the watch delivery lag: enough for every revision a watcher can still
 /// be behind on at any sane write rate before it counts as lagging anyway.
 const COMMIT_TIMES: usize = 4096;
-
-/// Prometheus' default buckets, which go-grpc-prometheus (and so etcd) uses for handling times.
-const GRPC_BUCKETS: [f64; 11] = [
-    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
-];
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct MethodLabels {
-    grpc_type: &'static str,
-    grpc_service: &'static str,
-    grpc_method: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct HandledLabels {
-    grpc_type: &'static str,
-    grpc_service: &'static str,
-    grpc_method: &'static str,
-    grpc_code: &'static str,
-}
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct QueryLabels {
@@ -155,9 +137,8 @@ struct Inner {
     lease_renewed: Counter,
     lease_expired: Counter,
 
-    grpc_started: Family<MethodLabels, Counter>,
-    grpc_handled: Family<HandledLabels, Counter>,
-    grpc_seconds: HistogramFamily<MethodLabels>,
+    /// Every gRPC method's series.
+    grpc: grpc::Series,
 
     sql_seconds: HistogramFamily<QueryLabels>,
     sql_errors: Family<QueryLabels, Counter>,
@@ -332,25 +313,7 @@ impl Metrics {
             "Leases revoked because their TTL ran out",
         );
 
-        let grpc_started = Family::<MethodLabels, Counter>::default();
-        r.register(
-            "grpc_server_started",
-            "Total number of RPCs started on the server",
-            grpc_started.clone(),
-        );
-        let grpc_handled = Family::<HandledLabels, Counter>::default();
-        r.register(
-            "grpc_server_handled",
-            "Total number of RPCs completed on the server, regardless of success or failure",
-            grpc_handled.clone(),
-        );
-        let grpc_seconds: HistogramFamily<MethodLabels> =
-            Family::new_with_constructor(|| Histogram::new(GRPC_BUCKETS));
-        r.register(
-            "grpc_server_handling_seconds",
-            "Histogram of response latency (seconds) of gRPC that had been application-level handled by the server",
-            grpc_seconds.clone(),
-        );
+        let grpc = grpc::Series::register(&mut r);
 
         let sql_seconds: HistogramFamily<QueryLabels> =
             Family::new_with_constructor(|| Histogram::new(exponential_buckets(0.0001, 2.0, 16)));
@@ -466,9 +429,7 @@ impl Metrics {
                 lease_revoked,
                 lease_renewed,
                 lease_expired,
-                grpc_started,
-                grpc_handled,
-                grpc_seconds,
+                grpc,
                 sql_seconds,
                 sql_errors,
                 commit_seconds,
@@ -653,9 +614,7 @@ impl Metrics {
 
     /// The tower layer that counts gRPC calls.
     pub fn grpc_layer(&self) -> GrpcMetricsLayer {
-        GrpcMetricsLayer {
-            metrics: self.clone(),
-        }
+        GrpcMetricsLayer::new(self.clone())
     }
 
     fn observe_sql(&self, query: &'static str, elapsed: Duration, failed: bool) {
@@ -753,299 +712,6 @@ impl Drop for WatchGauges {
         self.set(0, 0);
         self.behind(None);
         self.metrics.inner.watch_streams.dec();
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
-// gRPC: go-grpc-prometheus's series, with etcd's labels.
-
-/// One gRPC method as the metrics label it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct GrpcMethod {
-    service: &'static str,
-    method: &'static str,
-    kind: &'static str,
-}
-
-/// The proto that defines etcd's services; the method table is read from it, so it cannot
-/// drift from what the server implements.
-const RPC_PROTO: &str = include_str!("../proto/etcdserverpb/rpc.proto");
-
-/// Every etcd method (and gRPC health's), by request path.
-static GRPC_METHODS: LazyLock<HashMap<String, GrpcMethod>> = LazyLock::new(|| {
-    let mut methods = HashMap::new();
-    let mut add = |service: &'static str, method: &'static str, kind: &'static str| {
-        methods.insert(
-            format!("/{service}/{method}"),
-            GrpcMethod {
-                service,
-                method,
-                kind,
-            },
-        );
-    };
-    add("grpc.health.v1.Health", "Check", "unary");
-    add("grpc.health.v1.Health", "Watch", "server_stream");
-    let mut service: Option<&'static str> = None;
-    for line in RPC_PROTO.lines().map(str::trim) {
-        if let Some(rest) = line.strip_prefix("service ") {
-            let name = rest.trim_end_matches('{').trim();
-            // Labels are 'static: the qualified names are made once per process.
-            service = Some(Box::leak(format!("etcdserverpb.{name}").into_boxed_str()));
-        } else if let (Some(service), Some(rest)) = (service, line.strip_prefix("rpc ")) {
-            let Some((method, signature)) = rest.split_once('(') else {
-                continue;
-            };
-            let Some((request, response)) = signature.split_once("returns") else {
-                continue;
-            };
-            let kind = match (
-                request.trim_start().starts_with("stream "),
-                response
-                    .trim_start()
-                    .trim_start_matches('(')
-                    .starts_with("stream "),
-            ) {
-                (false, false) => "unary",
-                (false, true) => "server_stream",
-                (true, false) => "client_stream",
-                (true, true) => "bidi_stream",
-            };
-            add(service, method.trim(), kind);
-        } else if line == "}" {
-            service = None;
-        }
-    }
-    methods
-});
-
-/// gRPC status codes as go-grpc-prometheus names them (`codes.Code.String()`).
-fn code_name(code: i32) -> &'static str {
-    match code {
-        0 => "OK",
-        1 => "Canceled",
-        2 => "Unknown",
-        3 => "InvalidArgument",
-        4 => "DeadlineExceeded",
-        5 => "NotFound",
-        6 => "AlreadyExists",
-        7 => "PermissionDenied",
-        8 => "ResourceExhausted",
-        9 => "FailedPrecondition",
-        10 => "Aborted",
-        11 => "OutOfRange",
-        12 => "Unimplemented",
-        13 => "Internal",
-        14 => "Unavailable",
-        15 => "DataLoss",
-        16 => "Unauthenticated",
-        _ => "Unknown",
-    }
-}
-
-fn grpc_status(headers: &http::HeaderMap) -> Option<&'static str> {
-    let value = headers.get("grpc-status")?.to_str().ok()?;
-    Some(code_name(value.trim().parse().unwrap_or(2)))
-}
-
-/// Wraps the gRPC server's service in [`GrpcMetrics`].
-#[derive(Clone)]
-pub struct GrpcMetricsLayer {
-    metrics: Metrics,
-}
-
-impl<S> tower_layer::Layer<S> for GrpcMetricsLayer {
-    type Service = GrpcMetrics<S>;
-
-    fn layer(&self, inner: S) -> Self::Service {
-        GrpcMetrics {
-            inner,
-            metrics: self.metrics.clone(),
-        }
-    }
-}
-
-/// Counts gRPC calls to known methods; HTTP requests (`/version`, `/metrics`…) pass untouched.
-#[derive(Clone)]
-pub struct GrpcMetrics<S> {
-    inner: S,
-    metrics: Metrics,
-}
-
-impl<S, ReqBody, ResBody> tower_service::Service<http::Request<ReqBody>> for GrpcMetrics<S>
-where
-    S: tower_service::Service<http::Request<ReqBody>, Response = http::Response<ResBody>>,
-{
-    type Response = http::Response<MeteredBody<ResBody>>;
-    type Error = S::Error;
-    type Future = MeteredFuture<S::Future>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, request: http::Request<ReqBody>) -> Self::Future {
-        let is_grpc = request
-            .headers()
-            .get(http::header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|v| v.starts_with("application/grpc"));
-        let call = is_grpc
-            .then(|| GRPC_METHODS.get(request.uri().path()).copied())
-            .flatten()
-            .map(|method| {
-                self.metrics
-                    .inner
-                    .grpc_started
-                    .get_or_create(&method.labels())
-                    .inc();
-                Call {
-                    metrics: self.metrics.clone(),
-                    method,
-                    started: Instant::now(),
-                    code: None,
-                }
-            });
-        MeteredFuture {
-            inner: self.inner.call(request),
-            call,
-        }
-    }
-}
-
-impl GrpcMethod {
-    fn labels(&self) -> MethodLabels {
-        MethodLabels {
-            grpc_type: self.kind,
-            grpc_service: self.service,
-            grpc_method: self.method,
-        }
-    }
-}
-
-/// A call in flight; recorded as handled exactly once, by [`Call::finish`].
-struct Call {
-    metrics: Metrics,
-    method: GrpcMethod,
-    started: Instant,
-    /// A status already sent in the response headers (a trailers-only response).
-    code: Option<&'static str>,
-}
-
-impl Call {
-    fn finish(self, code: &'static str) {
-        let m = &self.metrics.inner;
-        let labels = self.method.labels();
-        m.grpc_seconds
-            .get_or_create(&labels)
-            .observe(self.started.elapsed().as_secs_f64());
-        m.grpc_handled
-            .get_or_create(&HandledLabels {
-                grpc_type: labels.grpc_type,
-                grpc_service: labels.grpc_service,
-                grpc_method: labels.grpc_method,
-                grpc_code: code,
-            })
-            .inc();
-    }
-}
-
-pin_project_lite::pin_project! {
-    /// The response future of [`GrpcMetrics`].
-    pub struct MeteredFuture<F> {
-        #[pin]
-        inner: F,
-        call: Option<Call>,
-    }
-}
-
-impl<F, B, E> Future for MeteredFuture<F>
-where
-    F: Future<Output = Result<http::Response<B>, E>>,
-{
-    type Output = Result<http::Response<MeteredBody<B>>, E>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let this = self.project();
-        let result = ready!(this.inner.poll(cx));
-        let mut call = this.call.take();
-        Poll::Ready(match result {
-            Ok(response) => {
-                if let Some(call) = &mut call {
-                    call.code = grpc_status(response.headers());
-                }
-                Ok(response.map(|inner| MeteredBody { inner, call }))
-            }
-            Err(e) => {
-                if let Some(call) = call {
-                    call.finish("Unknown");
-                }
-                Err(e)
-            }
-        })
-    }
-}
-
-pin_project_lite::pin_project! {
-    /// A response body that records its call as handled when it ends or is dropped.
-    pub struct MeteredBody<B> {
-        #[pin]
-        inner: B,
-        call: Option<Call>,
-    }
-
-    impl<B> PinnedDrop for MeteredBody<B> {
-        fn drop(this: Pin<&mut Self>) {
-            if let Some(call) = this.project().call.take() {
-                // Ended without trailers: the status was in the headers, or the client left
-                // before the server finished (go-grpc-prometheus reports that as Canceled).
-                let code = call.code.unwrap_or("Canceled");
-                call.finish(code);
-            }
-        }
-    }
-}
-
-impl<B: http_body::Body> http_body::Body for MeteredBody<B> {
-    type Data = B::Data;
-    type Error = B::Error;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
-        let this = self.project();
-        let frame = ready!(this.inner.poll_frame(cx));
-        match &frame {
-            Some(Ok(frame)) => {
-                if let Some(trailers) = frame.trailers_ref()
-                    && let Some(call) = this.call.take()
-                {
-                    let code = grpc_status(trailers).or(call.code).unwrap_or("Unknown");
-                    call.finish(code);
-                }
-            }
-            Some(Err(_)) => {
-                if let Some(call) = this.call.take() {
-                    call.finish("Unknown");
-                }
-            }
-            None => {
-                if let Some(call) = this.call.take() {
-                    let code = call.code.unwrap_or("Unknown");
-                    call.finish(code);
-                }
-            }
-        }
-        Poll::Ready(frame)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> http_body::SizeHint {
-        self.inner.size_hint()
     }
 }
 
@@ -1489,48 +1155,6 @@ impl WriteTxn for InstrumentedWrite {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn method(path: &str) -> Option<GrpcMethod> {
-        GRPC_METHODS.get(path).copied()
-    }
-
-    #[test]
-    fn methods_come_from_the_proto_with_their_stream_kinds() {
-        let range = method("/etcdserverpb.KV/Range").unwrap();
-        assert_eq!(
-            (range.service, range.method, range.kind),
-            ("etcdserverpb.KV", "Range", "unary")
-        );
-        assert_eq!(
-            method("/etcdserverpb.Watch/Watch").unwrap().kind,
-            "bidi_stream"
-        );
-        assert_eq!(
-            method("/etcdserverpb.Lease/LeaseKeepAlive").unwrap().kind,
-            "bidi_stream"
-        );
-        assert_eq!(
-            method("/etcdserverpb.Maintenance/Snapshot").unwrap().kind,
-            "server_stream"
-        );
-        assert_eq!(method("/etcdserverpb.Auth/UserAdd").unwrap().kind, "unary");
-        assert_eq!(
-            method("/grpc.health.v1.Health/Check").unwrap().kind,
-            "unary"
-        );
-        assert!(method("/etcdserverpb.KV/Nope").is_none());
-        assert!(method("/version").is_none());
-    }
-
-    #[test]
-    fn codes_have_grpc_go_names() {
-        assert_eq!(code_name(0), "OK");
-        assert_eq!(code_name(11), "OutOfRange");
-        assert_eq!(code_name(99), "Unknown");
-        let mut headers = http::HeaderMap::new();
-        headers.insert("grpc-status", http::HeaderValue::from_static("5"));
-        assert_eq!(grpc_status(&headers), Some("NotFound"));
-    }
 
     #[test]
     fn ops_are_counted_like_etcd() {
