@@ -151,8 +151,6 @@ async fn unsupported_calls_answer_unimplemented() {
     server.stop().await;
 }
 
-/// Shutdown with writes in flight: every write acknowledged before the server stopped is in the
-
 /// KV calls go to the KV service by their path and every other call through the router; both
 /// answer as gRPC does, without the `date` header hyper would add (grpc-go sends none, and each
 /// one costs both ends HPACK work), and an unknown KV method is Unimplemented.
@@ -212,6 +210,8 @@ async fn grpc_answers_by_path_without_a_date_header() {
     assert_eq!(unknown.unwrap_err().code(), Code::Unimplemented);
     server.stop().await;
 }
+
+/// Shutdown with writes in flight: every write acknowledged before the server stopped is in the
 /// database afterwards, and the revision counts exactly the acknowledged writes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn graceful_shutdown_keeps_every_acknowledged_write() {
