@@ -103,6 +103,15 @@ async fn http_version_and_health_share_the_grpc_port() {
     server.stop().await;
 }
 
+/// A plain gRPC channel to `server`, for calls the etcd client does not make.
+async fn channel(server: &TestServer) -> tonic::transport::Channel {
+    tonic::transport::Channel::from_shared(server.url())
+        .expect("a valid URL")
+        .connect()
+        .await
+        .expect("connects")
+}
+
 #[tokio::test]
 async fn grpc_health_service_answers_serving() {
     use tonic_health::pb::health_check_response::ServingStatus;
@@ -110,11 +119,7 @@ async fn grpc_health_service_answers_serving() {
 
     let dir = tempfile::tempdir().unwrap();
     let server = TestServer::start(dir.path()).await;
-    let channel = tonic::transport::Channel::from_shared(server.url())
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
+    let channel = channel(&server).await;
     let mut health = HealthClient::new(channel);
     // The reporter checks the database on start-up; poll until it has.
     let mut serving = false;
@@ -160,11 +165,7 @@ async fn grpc_answers_by_path_without_a_date_header() {
 
     let dir = tempfile::tempdir().unwrap();
     let server = TestServer::start(dir.path()).await;
-    let channel = tonic::transport::Channel::from_shared(server.url())
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
+    let channel = channel(&server).await;
     let mut grpc = tonic::client::Grpc::new(channel);
 
     grpc.ready().await.unwrap();
