@@ -50,20 +50,22 @@ const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 #[derive(Clone)]
 pub struct Dispatch {
     kv: KvServer<KvService>,
-    /// `/etcdserverpb.KV/`.
-    kv_prefix: String,
     rest: Routes,
 }
 
 impl Dispatch {
     /// `rest` serves everything but `kv` (it may hold `kv` too; it is then never asked).
     pub fn new(kv: KvServer<KvService>, rest: Routes) -> Self {
-        Self {
-            kv,
-            kv_prefix: format!("/{}/", <KvServer<KvService> as NamedService>::NAME),
-            rest,
-        }
+        Self { kv, rest }
     }
+}
+
+/// Whether `path` names a method of KV (`/etcdserverpb.KV/…`). Checked in place rather than
+/// against a prefix kept in [`Dispatch`]: the service stack is cloned for every request.
+fn is_kv(path: &str) -> bool {
+    path.strip_prefix('/')
+        .and_then(|path| path.strip_prefix(<KvServer<KvService> as NamedService>::NAME))
+        .is_some_and(|method| method.starts_with('/'))
 }
 
 impl Service<http::Request<Body>> for Dispatch {
@@ -77,7 +79,7 @@ impl Service<http::Request<Body>> for Dispatch {
     }
 
     fn call(&mut self, request: http::Request<Body>) -> Self::Future {
-        if request.uri().path().starts_with(&self.kv_prefix) {
+        if is_kv(request.uri().path()) {
             // Already boxed by the generated server.
             self.kv.call(request)
         } else {
@@ -195,5 +197,21 @@ async fn serve_one<IO, S, B>(
     };
     if let Err(e) = result {
         tracing::debug!(error = %e, "connection ended with an error");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kv_paths_are_told_from_the_rest() {
+        assert!(is_kv("/etcdserverpb.KV/Range"));
+        assert!(is_kv("/etcdserverpb.KV/Nope"));
+        assert!(!is_kv("/etcdserverpb.KVX/Range"));
+        assert!(!is_kv("/etcdserverpb.Watch/Watch"));
+        assert!(!is_kv("/etcdserverpb.KV"));
+        assert!(!is_kv("/v3/kv/range"));
+        assert!(!is_kv("etcdserverpb.KV/Range"));
     }
 }

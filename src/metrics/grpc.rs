@@ -212,7 +212,13 @@ impl MethodSeries {
     }
 
     fn finish(&self, started: Instant, code: usize) {
-        let code = code.min(CODE_NAMES.len() - 1);
+        // Every caller passes a code from `grpc_status` or a constant; anything else is
+        // Unknown, as grpc-go reads it, rather than a panic.
+        let code = if code < CODE_NAMES.len() {
+            code
+        } else {
+            UNKNOWN
+        };
         self.seconds
             .get_or_init(|| self.seconds_family.get_or_create(&self.labels()).clone())
             .observe(started.elapsed().as_secs_f64());
