@@ -970,3 +970,144 @@ async fn a_presumed_batch_reads_old_values_ahead_of_the_writers_lock() {
     a.close().await;
     b.close().await;
 }
+
+/// Another session holding the writers' lock, as another instance's batch does: PostgreSQL's
+/// advisory lock (its key is "etcdsql" in ASCII), MySQL's lock on the current revision's row.
+enum LockHolder {
+    Postgres(sqlx::PgConnection),
+    Mysql(sqlx::MySqlConnection),
+}
+
+impl LockHolder {
+    async fn take(endpoint: &str) -> Self {
+        use sqlx::Connection;
+        if common::on_postgres() {
+            let mut conn = sqlx::PgConnection::connect(endpoint).await.unwrap();
+            sqlx::query("SELECT pg_advisory_lock(28556942883647852)")
+                .execute(&mut conn)
+                .await
+                .unwrap();
+            LockHolder::Postgres(conn)
+        } else {
+            let mut conn = sqlx::MySqlConnection::connect(endpoint).await.unwrap();
+            for statement in [
+                "START TRANSACTION",
+                "SELECT value FROM meta WHERE name = 'current_revision' FOR UPDATE",
+            ] {
+                sqlx::raw_sql(statement).execute(&mut conn).await.unwrap();
+            }
+            LockHolder::Mysql(conn)
+        }
+    }
+
+    /// Whether another session waits for the lock.
+    async fn contended(&mut self) -> bool {
+        let waiting: i64 = match self {
+            LockHolder::Postgres(conn) => sqlx::query_scalar(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted",
+            )
+            .fetch_one(conn)
+            .await
+            .unwrap(),
+            // The wait does not show in `innodb_trx` (MariaDB reads the row while it plans).
+            LockHolder::Mysql(conn) => sqlx::query_scalar(
+                "SELECT count(*) FROM information_schema.processlist \
+                 WHERE id <> CONNECTION_ID() AND info LIKE '%current_revision%FOR UPDATE'",
+            )
+            .fetch_one(conn)
+            .await
+            .unwrap(),
+        };
+        waiting > 0
+    }
+
+    async fn release(self) {
+        match self {
+            LockHolder::Postgres(mut conn) => {
+                sqlx::query("SELECT pg_advisory_unlock(28556942883647852)")
+                    .execute(&mut conn)
+                    .await
+                    .unwrap();
+            }
+            LockHolder::Mysql(mut conn) => {
+                sqlx::raw_sql("COMMIT").execute(&mut conn).await.unwrap();
+            }
+        }
+    }
+}
+
+/// Puts `server` has begun to answer.
+async fn puts_started(server: &TestServer) -> f64 {
+    common::metrics_text(server)
+        .await
+        .lines()
+        .filter(|line| {
+            line.starts_with("grpc_server_started_total{") && line.contains("grpc_method=\"Put\"")
+        })
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// While a batch waits for the writers' lock (another instance writing), the next requests of its
+/// instance queue up behind it. They join it once it has the lock, rather than waiting for a turn
+/// of their own: one turn of the lock writes them all. Here one put waits for the lock, nineteen
+/// more arrive meanwhile, and all twenty commit in one batch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_queued_while_a_batch_waits_for_the_lock_join_it() {
+    if skip() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let a = TestServer::start(dir.path()).await;
+    let b = TestServer::start(dir.path()).await;
+    let (mut ca, mut cb) = (a.client().await, b.client().await);
+    // a's reads take in b's commit, which a's writer has not: a's next batch cannot presume it
+    // is alone, and takes the lock before it runs.
+    cb.put("queued/b", "b", None).await.unwrap();
+    assert_eq!(ca.get("queued/b", None).await.unwrap().kvs().len(), 1);
+    let batches = r"etcdsql_write_batch_size_count";
+    let written = r"etcdsql_write_batch_size_sum";
+    let (batches_before, written_before) = (metric(&a, batches).await, metric(&a, written).await);
+
+    let mut holder = LockHolder::take(&common::test_endpoint(dir.path())).await;
+    let put = |i: usize| {
+        let mut client = ca.clone();
+        tokio::spawn(async move { client.put(format!("queued/{i:02}"), "v", None).await })
+    };
+    let mut puts = vec![put(0)];
+    let give_up = tokio::time::Instant::now() + WAIT;
+    while !holder.contended().await {
+        assert!(
+            tokio::time::Instant::now() < give_up,
+            "the first put's batch never waited for the writers' lock"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    puts.extend((1..20).map(put));
+    while puts_started(&a).await < 20.0 {
+        assert!(
+            tokio::time::Instant::now() < give_up,
+            "the server never began to answer all twenty puts"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // From the handler's start to the writer's queue is a few steps with no wait among them.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    holder.release().await;
+    for put in puts {
+        tokio::time::timeout(WAIT, put)
+            .await
+            .expect("a put was never answered after the lock was let go")
+            .unwrap()
+            .unwrap();
+    }
+    assert_eq!(metric(&a, written).await - written_before, 20.0);
+    assert_eq!(
+        metric(&a, batches).await - batches_before,
+        1.0,
+        "the puts that queued while the first one's batch waited for the lock ran in a batch \
+         of their own"
+    );
+    a.stop().await;
+    b.stop().await;
+}
