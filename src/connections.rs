@@ -11,8 +11,10 @@
 //! # Invariants
 //! - Every request carries its connection's `ConnectInfo` in its extensions, as under tonic
 //!   (auth reads the client certificate's name from it).
-//! - Once `shutdown` fires no connection is taken; each open connection is told to finish
-//!   (HTTP/2 GOAWAY: calls in flight complete), and [`serve`] returns when all have closed.
+//! - Once `shutdown` fires no connection is taken and the listening socket is closed; only then
+//!   is each open connection told to finish (HTTP/2 GOAWAY: calls in flight complete), so that
+//!   a client redialling at the GOAWAY is refused rather than reset, and [`serve`] returns when
+//!   all have closed.
 //!   Its caller bounds that wait; dropping the future drops every connection with it.
 //! - A client's `grpc-timeout` is not enforced here: gRPC clients cancel their own stream at
 //!   their deadline (RST_STREAM), and hyper then drops the call's future.
@@ -116,7 +118,8 @@ where
 }
 
 /// Serves every connection `incoming` yields with `service` until `shutdown`; see the module's
-/// invariants for how it ends.
+/// invariants for how it ends. `incoming` must end once `shutdown` fires, after its listening
+/// socket is closed (as [`crate::listener::Listener::accept`]'s does).
 pub async fn serve<I, IO, S, B>(incoming: I, service: S, shutdown: CancellationToken)
 where
     I: Stream<Item = io::Result<IO>>,
@@ -143,39 +146,45 @@ where
     builder.http1().timer(TokioTimer::new());
 
     let mut connections = JoinSet::new();
-    // In a block of its own, so the listener's stream is dropped (and its socket closed) as
-    // soon as no more connections are taken, not after the open ones have finished.
-    {
-        let mut incoming = std::pin::pin!(incoming);
-        loop {
-            tokio::select! {
-                () = shutdown.cancelled() => break,
-                next = incoming.next() => match next {
-                    Some(Ok(io)) => {
-                        let service = PerConnection {
-                            inner: service.clone(),
-                            info: io.connect_info(),
-                        };
-                        connections.spawn(serve_one(io, service, builder.clone(), shutdown.clone()));
-                    }
-                    // The listener logs its own failures and sends none; were one sent, the
-                    // next connection may still be fine.
-                    Some(Err(e)) => tracing::debug!(error = %e, "connection not accepted"),
-                    None => break,
-                },
-                // Reaps finished connections as it goes, so the set holds only open ones.
-                Some(_) = connections.join_next(), if !connections.is_empty() => {}
-            }
+    // Open connections are told to finish only once the listening socket is closed: a client
+    // told so redials at once, and a dial that reached the socket's queue in between would be
+    // reset as it closes, where a closed socket refuses it, which clients take as the server
+    // gone and try elsewhere or later.
+    let finish = CancellationToken::new();
+    let mut incoming = std::pin::pin!(incoming);
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => break,
+            next = incoming.next() => match next {
+                Some(Ok(io)) => {
+                    let service = PerConnection {
+                        inner: service.clone(),
+                        info: io.connect_info(),
+                    };
+                    connections.spawn(serve_one(io, service, builder.clone(), finish.clone()));
+                }
+                // The listener logs its own failures and sends none; were one sent, the
+                // next connection may still be fine.
+                Some(Err(e)) => tracing::debug!(error = %e, "connection not accepted"),
+                None => break,
+            },
+            // Reaps finished connections as it goes, so the set holds only open ones.
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
         }
     }
+    // The listener closes its socket and then ends its stream; a connection it took meanwhile
+    // is closed unserved.
+    while incoming.next().await.is_some() {}
+    finish.cancel();
     while connections.join_next().await.is_some() {}
 }
 
+/// Serves one connection until it closes; once `finish` fires, it is told to finish.
 async fn serve_one<IO, S, B>(
     io: IO,
     service: S,
     builder: Builder<TokioExecutor>,
-    shutdown: CancellationToken,
+    finish: CancellationToken,
 ) where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     S: Service<http::Request<Incoming>, Response = http::Response<B>, Error = Infallible>
@@ -190,7 +199,7 @@ async fn serve_one<IO, S, B>(
     let mut connection = std::pin::pin!(connection);
     let result = tokio::select! {
         result = connection.as_mut() => result,
-        () = shutdown.cancelled() => {
+        () = finish.cancelled() => {
             connection.as_mut().graceful_shutdown();
             connection.await
         }
