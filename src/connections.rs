@@ -173,8 +173,9 @@ where
         }
     }
     // The listener closes its socket and then ends its stream; a connection it took meanwhile
-    // is closed unserved.
+    // is closed unserved. A stream that ended by itself tells nobody to finish.
     while incoming.next().await.is_some() {}
+    shutdown.cancelled().await;
     finish.cancel();
     while connections.join_next().await.is_some() {}
 }
