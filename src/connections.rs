@@ -173,7 +173,7 @@ where
         }
     }
     // The listener closes its socket and then ends its stream; a connection it took meanwhile
-    // is closed unserved. A stream that ended by itself tells nobody to finish.
+    // is closed unserved. Connections outlive a stream that ended by itself until the shutdown.
     while incoming.next().await.is_some() {}
     shutdown.cancelled().await;
     finish.cancel();
