@@ -20,6 +20,12 @@
 //!   layer from the moment the server accepts a request until its handler returns the
 //!   response), so no other response is coming and a lone client should not pay for a pass of
 //!   the runtime.
+//! - Nor does a flush send at once in the middle of a response: when the last HTTP/2 frame
+//!   written is a stream's HEADERS or DATA frame that does not end the stream ([`FrameTail`]).
+//!   h2 flushes before it buffers a DATA frame of 256 bytes or more, and a unary gRPC answer
+//!   is HEADERS, a DATA frame and the trailers: with no other request in hand, a get's answer
+//!   left in two sends, its trailers (10 bytes) in the second, one more system call and one
+//!   more wake-up of the client per request.
 //! - A flush with [`LARGE`] bytes or more buffered (a large response under way: h2 writes it
 //!   as DATA frames of 16 KiB, the largest most clients accept, and flushes after each) sends
 //!   only once [`GATHER`] bytes are buffered. A page of 500 keys thus leaves in sends of 64 KiB
@@ -158,6 +164,7 @@ pub struct Coalesce<S> {
     /// The deferred wake of the current gathering, until the buffer is sent.
     pending: Option<Arc<DeferredWake>>,
     in_flight: InFlight,
+    tail: FrameTail,
 }
 
 impl<S> Coalesce<S> {
@@ -168,11 +175,69 @@ impl<S> Coalesce<S> {
             sent: 0,
             pending: None,
             in_flight,
+            tail: FrameTail::default(),
         }
     }
 
     fn buffered(&self) -> usize {
         self.buf.len() - self.sent
+    }
+}
+
+/// Follows the HTTP/2 frames a connection writes, from their 9-byte headers, to tell whether the
+/// last one leaves a response unfinished: a HEADERS or DATA frame without END_STREAM. Bytes
+/// that start like an HTTP/1 response (`HTTP/`) are not followed.
+#[derive(Debug, Default)]
+struct FrameTail {
+    /// Payload bytes of the current frame still to come.
+    payload_left: usize,
+    /// A frame header split across writes, and how much of it has come.
+    head: [u8; FRAME_HEAD],
+    head_len: usize,
+    /// The last frame header seen was a HEADERS or DATA frame without END_STREAM.
+    open: bool,
+    /// What is written is not HTTP/2 frames.
+    off: bool,
+    /// Bytes have been written: the first told whether they are frames.
+    started: bool,
+}
+
+/// An HTTP/2 frame header's length.
+const FRAME_HEAD: usize = 9;
+
+impl FrameTail {
+    fn observe(&mut self, mut bytes: &[u8]) {
+        if !self.started && !bytes.is_empty() {
+            self.started = true;
+            self.off = bytes[0] == b'H';
+        }
+        while !self.off && !bytes.is_empty() {
+            if self.payload_left > 0 {
+                let skip = self.payload_left.min(bytes.len());
+                self.payload_left -= skip;
+                bytes = &bytes[skip..];
+                continue;
+            }
+            let take = (FRAME_HEAD - self.head_len).min(bytes.len());
+            self.head[self.head_len..self.head_len + take].copy_from_slice(&bytes[..take]);
+            self.head_len += take;
+            bytes = &bytes[take..];
+            if self.head_len < FRAME_HEAD {
+                break;
+            }
+            self.head_len = 0;
+            let [l0, l1, l2, kind, flags, ..] = self.head;
+            self.payload_left = usize::from(l0) << 16 | usize::from(l1) << 8 | usize::from(l2);
+            const DATA: u8 = 0x0;
+            const HEADERS: u8 = 0x1;
+            const RST_STREAM: u8 = 0x3;
+            const END_STREAM: u8 = 0x1;
+            match kind {
+                DATA | HEADERS => self.open = flags & END_STREAM == 0,
+                RST_STREAM => self.open = false,
+                _ => {}
+            }
+        }
     }
 }
 
@@ -268,11 +333,19 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Coalesce<S> {
         if this.buffered() + len > GATHER {
             ready!(this.poll_send(cx))?;
             if len >= GATHER {
-                return Pin::new(&mut this.inner).poll_write_vectored(cx, bufs);
+                let n = ready!(Pin::new(&mut this.inner).poll_write_vectored(cx, bufs))?;
+                let mut left = n;
+                for b in bufs {
+                    let part = &b[..left.min(b.len())];
+                    this.tail.observe(part);
+                    left -= part.len();
+                }
+                return Poll::Ready(Ok(n));
             }
         }
         for b in bufs {
             this.buf.extend_from_slice(b);
+            this.tail.observe(b);
         }
         Poll::Ready(Ok(len))
     }
@@ -286,7 +359,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Coalesce<S> {
         ready!(this.poll_send_due(cx))?;
         if this.buffered() > 0 {
             let hold = if this.buffered() < LARGE {
-                this.in_flight.any()
+                this.in_flight.any() || this.tail.open
             } else {
                 this.buffered() < GATHER
             };
@@ -457,6 +530,43 @@ mod tests {
             .unwrap();
         assert_eq!(got.len(), accepted);
         assert!(got.iter().all(|&b| b == 7));
+    }
+
+    /// An HTTP/2 frame header for a payload of `len` bytes.
+    fn frame_head(len: u8, kind: u8, flags: u8, stream: u8) -> Vec<u8> {
+        vec![0, 0, len, kind, flags, 0, 0, 0, stream]
+    }
+
+    #[tokio::test]
+    async fn a_flush_in_the_middle_of_a_response_waits_for_its_end() {
+        // Nothing in flight: only the frames can hold the flush back.
+        let mut conn = Coalesce::new(Recorder::default(), InFlight::default());
+        // As h2 writes a unary answer: HEADERS, then a DATA frame, flushing before it buffers
+        // another (here with the DATA frame's header split over two writes).
+        let headers = [frame_head(1, 0x1, 0x4, 1), vec![0x88]].concat();
+        let data = [frame_head(5, 0x0, 0x0, 1), b"hello".to_vec()].concat();
+        conn.write_all(&headers).await.unwrap();
+        conn.write_all(&data[..4]).await.unwrap();
+        conn.write_all(&data[4..]).await.unwrap();
+        conn.flush().await.unwrap();
+        assert!(conn.inner.sends.is_empty(), "sent without its trailers");
+        // The trailers end the stream: the flush after them sends the whole answer at once.
+        let trailers = [frame_head(1, 0x1, 0x5, 1), vec![0xbe]].concat();
+        conn.write_all(&trailers).await.unwrap();
+        conn.flush().await.unwrap();
+        assert_eq!(
+            conn.inner.sends,
+            vec![[&headers[..], &data, &trailers].concat()]
+        );
+
+        // A stream that stays open (a watch's event) is sent after the runtime's pass.
+        let event = [frame_head(5, 0x0, 0x0, 3), b"event".to_vec()].concat();
+        conn.write_all(&event).await.unwrap();
+        conn.flush().await.unwrap();
+        assert_eq!(conn.inner.sends.len(), 1);
+        tokio::task::yield_now().await;
+        conn.flush().await.unwrap();
+        assert_eq!(conn.inner.sends[1], event);
     }
 
     #[tokio::test]
