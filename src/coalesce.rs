@@ -206,6 +206,15 @@ struct FrameTail {
 const FRAME_HEAD: usize = 9;
 
 impl FrameTail {
+    /// Follows the first `written` bytes of `bufs`, the part of a vectored write that was taken.
+    fn observe_written(&mut self, bufs: &[io::IoSlice<'_>], mut written: usize) {
+        for b in bufs {
+            let part = &b[..written.min(b.len())];
+            self.observe(part);
+            written -= part.len();
+        }
+    }
+
     fn observe(&mut self, mut bytes: &[u8]) {
         if !self.started && !bytes.is_empty() {
             self.started = true;
@@ -334,19 +343,14 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Coalesce<S> {
             ready!(this.poll_send(cx))?;
             if len >= GATHER {
                 let n = ready!(Pin::new(&mut this.inner).poll_write_vectored(cx, bufs))?;
-                let mut left = n;
-                for b in bufs {
-                    let part = &b[..left.min(b.len())];
-                    this.tail.observe(part);
-                    left -= part.len();
-                }
+                this.tail.observe_written(bufs, n);
                 return Poll::Ready(Ok(n));
             }
         }
         for b in bufs {
             this.buf.extend_from_slice(b);
-            this.tail.observe(b);
         }
+        this.tail.observe_written(bufs, len);
         Poll::Ready(Ok(len))
     }
 
