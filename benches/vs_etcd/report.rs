@@ -101,6 +101,16 @@ fn ratio(a: f64, b: f64) -> String {
     }
 }
 
+/// The highest offered rate of an open-loop sweep that a system sustained (achieved at least
+/// 90% of it, as the chart's filled markers) with p99 at or under 50 ms; 0 if none.
+fn sustained(sweep: &[SweepPoint]) -> f64 {
+    sweep
+        .iter()
+        .filter(|p| p.achieved >= 0.9 * p.offered && p.p99_ms <= 50.0)
+        .map(|p| p.offered)
+        .fold(0.0, f64::max)
+}
+
 impl Run {
     fn etcd(&self) -> Option<&SystemResult> {
         self.systems
@@ -302,6 +312,87 @@ impl Run {
         out
     }
 
+    /// The targets of issue #21 (writes), one row per etcdsql system and target, with the
+    /// measured ratio of medians to etcd's. Several instances on one database are reported, not
+    /// judged: the issue asks for their aggregate and per-instance throughput.
+    pub fn write_targets(&self) -> String {
+        let Some(etcd) = self.etcd() else {
+            return "etcd did not run: no ratios.\n".to_owned();
+        };
+        let mut out = String::from("| target | system | measured | met? |\n|---|---|---|---|\n");
+        for s in self.measured().filter(|s| s.name.starts_with("etcdsql")) {
+            let sqlite = s.name.ends_with("sqlite");
+            // "etcdsql-postgres-3": three processes share the clients.
+            let instances = s
+                .name
+                .rsplit_once('-')
+                .and_then(|(_, n)| n.parse::<u32>().ok())
+                .unwrap_or(1);
+            let writes = if sqlite { 1.5 } else { 1.0 };
+            let mut row = |target: String, measured: String, met: Option<bool>| {
+                let met = match met {
+                    _ if instances > 1 => "report only",
+                    Some(true) => "yes",
+                    Some(false) => "**no**",
+                    // Measured, but the run cannot tell (etcd wrote nothing, or held every rate).
+                    None => "undecided",
+                };
+                let _ = writeln!(out, "| {target} | {} | {measured} | {met} |", s.name);
+            };
+            for name in ["create", "update"] {
+                let Some((a, b)) = s.workload(name).zip(etcd.workload(name)) else {
+                    continue;
+                };
+                let t = a.ops_per_sec / b.ops_per_sec;
+                let p = a.p99_ms / b.p99_ms;
+                if instances > 1 {
+                    let measured = format!(
+                        "{t:.2}×: {} ops/s in all, {} per instance",
+                        f(a.ops_per_sec),
+                        f(a.ops_per_sec / f64::from(instances))
+                    );
+                    row(format!("{name}: throughput"), measured, None);
+                } else if sqlite {
+                    let target = format!("{name} ≥ {writes:.1}× etcd ops/s, p99 ≤ etcd");
+                    let measured = format!("{t:.2}× ops/s, {p:.2}× p99");
+                    row(target, measured, Some(t >= writes && p <= 1.0));
+                } else {
+                    let target = format!("{name} ≥ {writes:.1}× etcd ops/s");
+                    row(target, format!("{t:.2}×"), Some(t >= writes));
+                }
+                // PostgreSQL's own writes are not counted: only SQLite's bytes compare.
+                if sqlite {
+                    let per_op = |w: &WorkloadResult| {
+                        w.server_disk_write_bytes as f64 / 1024.0 / w.ops.max(1) as f64
+                    };
+                    let (ours, theirs) = (per_op(a), per_op(b));
+                    let d = ours / theirs;
+                    let measured = format!("{} KiB against {} ({d:.2}×)", f(ours), f(theirs));
+                    let met = (theirs > 0.0).then_some(d <= 2.0);
+                    row(format!("{name}: disk bytes ≤ 2× etcd's"), measured, met);
+                }
+            }
+            if !s.sweep.is_empty() && !etcd.sweep.is_empty() {
+                let (ours, theirs) = (sustained(&s.sweep), sustained(&etcd.sweep));
+                let highest = etcd.sweep.iter().map(|p| p.offered).fold(0.0, f64::max);
+                let target = "sweep: a higher offered rate at p99 ≤ 50 ms than etcd".to_owned();
+                if theirs >= highest {
+                    // etcd held every rate offered: nothing was found above it.
+                    let measured =
+                        format!("{} against {} (etcd held every rate)", f(ours), f(theirs));
+                    row(target, measured, None);
+                } else {
+                    row(
+                        target,
+                        format!("{} against {}", f(ours), f(theirs)),
+                        Some(ours > theirs),
+                    );
+                }
+            }
+        }
+        out
+    }
+
     pub fn markdown(&self) -> String {
         let mut out = String::new();
         let _ = writeln!(out, "Command: `{}`\n", self.command);
@@ -341,6 +432,8 @@ impl Run {
         out.push_str(&self.resources());
         out.push_str("\n### Targets of issue #16\n\n");
         out.push_str(&self.targets());
+        out.push_str("\n### Targets of issue #21\n\n");
+        out.push_str(&self.write_targets());
         let sweep = self.sweep_table();
         if !sweep.is_empty() {
             out.push_str("\n### Open-loop update sweep (latency from the due time)\n\n");
