@@ -42,6 +42,30 @@ use tower_service::Service;
 use crate::api::kv::KvService;
 use crate::pb::etcdserverpb::kv_server::KvServer;
 
+/// What can serve a connection's requests of type `R`: a service that hyper clones for each
+/// request, that never fails (errors are answers) and whose response body hyper can send.
+pub trait ConnectionService<R>:
+    Service<R, Response = http::Response<Self::Body>, Error = Infallible, Future: Send + 'static>
+    + Clone
+    + Send
+    + 'static
+{
+    /// The response body.
+    type Body: http_body::Body<Data = bytes::Bytes, Error: Into<BoxError>> + Send + 'static;
+}
+
+impl<R, S, B> ConnectionService<R> for S
+where
+    S: Service<R, Response = http::Response<B>, Error = Infallible> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    type Body = B;
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
 /// HTTP/2 PINGs to an idle client this often, to answer clients' keepalives in kind and to
 /// find dead peers (kube-apiserver holds hundreds of long-lived connections).
 const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
@@ -120,18 +144,12 @@ where
 /// Serves every connection `incoming` yields with `service` until `shutdown`; see the module's
 /// invariants for how it ends. `incoming` must end once `shutdown` fires, after its listening
 /// socket is closed (as [`crate::listener::Listener::accept`]'s does).
-pub async fn serve<I, IO, S, B>(incoming: I, service: S, shutdown: CancellationToken)
+pub async fn serve<I, IO, S>(incoming: I, service: S, shutdown: CancellationToken)
 where
     I: Stream<Item = io::Result<IO>>,
     IO: AsyncRead + AsyncWrite + Connected + Unpin + Send + 'static,
     IO::ConnectInfo: Clone + Send + Sync + 'static,
-    S: Service<http::Request<Body>, Response = http::Response<B>, Error = Infallible>
-        + Clone
-        + Send
-        + 'static,
-    S::Future: Send + 'static,
-    B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    S: ConnectionService<http::Request<Body>>,
 {
     let mut builder = Builder::new(TokioExecutor::new());
     builder
@@ -181,20 +199,14 @@ where
 }
 
 /// Serves one connection until it closes; once `finish` fires, it is told to finish.
-async fn serve_one<IO, S, B>(
+async fn serve_one<IO, S>(
     io: IO,
     service: S,
     builder: Builder<TokioExecutor>,
     finish: CancellationToken,
 ) where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-    S: Service<http::Request<Incoming>, Response = http::Response<B>, Error = Infallible>
-        + Clone
-        + Send
-        + 'static,
-    S::Future: Send + 'static,
-    B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    S: ConnectionService<http::Request<Incoming>>,
 {
     let connection = builder.serve_connection(TokioIo::new(io), TowerToHyperService::new(service));
     let mut connection = std::pin::pin!(connection);

@@ -317,8 +317,9 @@ pub enum Conn {
 pub struct ConnInfo {
     /// The TCP addresses (none for a Unix socket).
     pub tcp: TcpConnectInfo,
-    /// The CommonName of the client certificate, when the client presented one.
-    pub certificate_name: Option<String>,
+    /// The CommonName of the client certificate, when the client presented one. Shared: the
+    /// connection's info is cloned into each of its requests.
+    pub certificate_name: Option<Arc<str>>,
 }
 
 impl Connected for Conn {
@@ -334,7 +335,8 @@ impl Connected for Conn {
         let certificate_name = session
             .and_then(|s| s.peer_certificates())
             .and_then(|chain| chain.first())
-            .and_then(|cert| common_name(cert.as_ref()));
+            .and_then(|cert| common_name(cert.as_ref()))
+            .map(Arc::from);
         ConnInfo {
             tcp: TcpConnectInfo {
                 local_addr: tcp.and_then(|s| s.local_addr().ok()),

@@ -12,7 +12,6 @@
 //! its current batch, then close the database. A write is acknowledged only after its batch
 //! committed, so cutting streams at the deadline loses nothing that was acknowledged.
 
-use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -41,7 +40,7 @@ use crate::coalesce::{Coalesce, InFlight};
 use crate::compat::AuthorityFix;
 use crate::concurrency::Recipes;
 use crate::config::Config;
-use crate::connections::{self, Dispatch};
+use crate::connections::{self, ConnectionService, Dispatch};
 use crate::lease::{Lessor, SystemClock};
 use crate::listener::{self, Listener};
 use crate::metrics::{self, Metrics};
@@ -235,7 +234,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Runnin
 }
 
 /// Serves `routes` on one listener until `shutdown` fires.
-fn serve<S, B>(
+fn serve<S>(
     listener: Listener,
     routes: S,
     metrics: &Metrics,
@@ -243,16 +242,7 @@ fn serve<S, B>(
     shutdown: &CancellationToken,
 ) -> impl Future<Output = ()> + Send + 'static
 where
-    S: tower_service::Service<
-            http::Request<tonic::body::Body>,
-            Response = http::Response<B>,
-            Error = Infallible,
-        > + Clone
-        + Send
-        + 'static,
-    S::Future: Send + 'static,
-    B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    S: ConnectionService<http::Request<tonic::body::Body>>,
 {
     // TLS is already done when a connection comes out of the listener; the authority repair
     // (etcdctl 3.4 sends URL-valued `:authority` headers that h2 would reject) reads the

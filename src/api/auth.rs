@@ -38,7 +38,7 @@ impl Credentials {
         let certificate = request
             .extensions()
             .get::<ConnInfo>()
-            .and_then(|c| c.certificate_name.clone());
+            .and_then(|c| c.certificate_name.as_deref().map(str::to_owned));
         Self { token, certificate }
     }
 }
