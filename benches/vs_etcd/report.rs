@@ -111,6 +111,15 @@ fn sustained(sweep: &[SweepPoint]) -> f64 {
         .fold(0.0, f64::max)
 }
 
+/// How a target's row reads: met, missed, or `otherwise` when the run cannot tell.
+fn verdict(met: Option<bool>, otherwise: &'static str) -> &'static str {
+    match met {
+        Some(true) => "yes",
+        Some(false) => "**no**",
+        None => otherwise,
+    }
+}
+
 impl Run {
     fn etcd(&self) -> Option<&SystemResult> {
         self.systems
@@ -260,21 +269,12 @@ impl Run {
     /// The targets of issue #16 (reads from memory), one row per etcdsql system, with the
     /// measured ratio of medians to etcd's.
     pub fn targets(&self) -> String {
-        let Some(etcd) = self.etcd() else {
-            return "etcd did not run: no ratios.\n".to_owned();
-        };
-        let mut out = String::from("| target | system | measured | met? |\n|---|---|---|---|\n");
-        for s in self.measured().filter(|s| s.name.starts_with("etcdsql")) {
+        self.targets_table(|s, etcd, row| {
             let sqlite = s.name.ends_with("sqlite");
             let reads = if sqlite { 2.0 } else { 1.0 };
             let mixed = if sqlite { 1.5 } else { 1.0 };
             let mut row = |target: String, measured: String, met: Option<bool>| {
-                let met = match met {
-                    Some(true) => "yes",
-                    Some(false) => "**no**",
-                    None => "not measured",
-                };
-                let _ = writeln!(out, "| {target} | {} | {measured} | {met} |", s.name);
+                row(target, measured, verdict(met, "not measured"));
             };
             let names = s
                 .workloads
@@ -308,19 +308,14 @@ impl Run {
                 }
                 None => row(target, "–".into(), None),
             }
-        }
-        out
+        })
     }
 
     /// The targets of issue #21 (writes), one row per etcdsql system and target, with the
     /// measured ratio of medians to etcd's. Several instances on one database are reported, not
     /// judged: the issue asks for their aggregate and per-instance throughput.
     pub fn write_targets(&self) -> String {
-        let Some(etcd) = self.etcd() else {
-            return "etcd did not run: no ratios.\n".to_owned();
-        };
-        let mut out = String::from("| target | system | measured | met? |\n|---|---|---|---|\n");
-        for s in self.measured().filter(|s| s.name.starts_with("etcdsql")) {
+        self.targets_table(|s, etcd, row| {
             let sqlite = s.name.ends_with("sqlite");
             // "etcdsql-postgres-3": three processes share the clients.
             let instances = s
@@ -330,14 +325,13 @@ impl Run {
                 .unwrap_or(1);
             let writes = if sqlite { 1.5 } else { 1.0 };
             let mut row = |target: String, measured: String, met: Option<bool>| {
-                let met = match met {
-                    _ if instances > 1 => "report only",
-                    Some(true) => "yes",
-                    Some(false) => "**no**",
-                    // Measured, but the run cannot tell (etcd wrote nothing, or held every rate).
-                    None => "undecided",
+                // Measured, but the run cannot tell: etcd wrote nothing, or held every rate.
+                let met = if instances > 1 {
+                    "report only"
+                } else {
+                    verdict(met, "undecided")
                 };
-                let _ = writeln!(out, "| {target} | {} | {measured} | {met} |", s.name);
+                row(target, measured, met);
             };
             for name in ["create", "update"] {
                 let Some((a, b)) = s.workload(name).zip(etcd.workload(name)) else {
@@ -389,6 +383,23 @@ impl Run {
                     );
                 }
             }
+        })
+    }
+
+    /// One table of an issue's targets: `judge` writes the rows of each etcdsql system, given
+    /// etcd's results and a writer of one row (target, measured, verdict).
+    fn targets_table(
+        &self,
+        mut judge: impl FnMut(&SystemResult, &SystemResult, &mut dyn FnMut(String, String, &str)),
+    ) -> String {
+        let Some(etcd) = self.etcd() else {
+            return "etcd did not run: no ratios.\n".to_owned();
+        };
+        let mut out = String::from("| target | system | measured | met? |\n|---|---|---|---|\n");
+        for s in self.measured().filter(|s| s.name.starts_with("etcdsql")) {
+            judge(s, etcd, &mut |target, measured, met| {
+                let _ = writeln!(out, "| {target} | {} | {measured} | {met} |", s.name);
+            });
         }
         out
     }
