@@ -101,12 +101,19 @@ fn ratio(a: f64, b: f64) -> String {
     }
 }
 
-/// The highest offered rate of an open-loop sweep that a system sustained (achieved at least
-/// 90% of it, as the chart's filled markers) with p99 at or under 50 ms; 0 if none.
+impl SweepPoint {
+    /// Whether the system kept up with the offered rate: achieved at least 90% of it.
+    fn held(&self) -> bool {
+        self.achieved >= 0.9 * self.offered
+    }
+}
+
+/// The highest offered rate of an open-loop sweep that a system held ([`SweepPoint::held`], the
+/// chart's filled markers) with p99 at or under 50 ms; 0 if none.
 fn sustained(sweep: &[SweepPoint]) -> f64 {
     sweep
         .iter()
-        .filter(|p| p.achieved >= 0.9 * p.offered && p.p99_ms <= 50.0)
+        .filter(|p| p.held() && p.p99_ms <= 50.0)
         .map(|p| p.offered)
         .fold(0.0, f64::max)
 }
@@ -593,11 +600,7 @@ impl Run {
                 );
                 for p in &sys.sweep {
                     let v = if field == 0 { p.p99_ms } else { p.p50_ms };
-                    let fill = if p.achieved >= 0.9 * p.offered {
-                        c
-                    } else {
-                        "white"
-                    };
+                    let fill = if p.held() { c } else { "white" };
                     let _ = writeln!(
                         s,
                         r#"<circle cx="{:.1}" cy="{:.1}" r="4" fill="{fill}" stroke="{c}" stroke-width="2"><title>{}: {:.0}/s offered, {:.0}/s achieved, p50 {:.2} ms, p99 {:.2} ms</title></circle>"#,
