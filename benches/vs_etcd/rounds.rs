@@ -7,6 +7,7 @@
 
 use std::fmt::Write as _;
 
+use crate::load::SweepPoint;
 use crate::report::{Run, SystemResult, WorkloadResult, f};
 
 /// The median of `values` (the mean of the middle two for an even count); 0 for none.
@@ -82,6 +83,33 @@ fn fold_workload(rounds: &[&WorkloadResult]) -> WorkloadResult {
     }
 }
 
+/// A system's sweeps folded into one: at each offered rate (every round offers the same, in
+/// the same order), the median of every measured number and the errors of all rounds. A
+/// single stall decides a rate's p99, so one round's sweep says little on a noisy machine.
+fn fold_sweep(rounds: &[&SystemResult]) -> Vec<SweepPoint> {
+    let Some(first) = rounds.first() else {
+        return Vec::new();
+    };
+    (0..first.sweep.len())
+        .map(|i| {
+            let same: Vec<&SweepPoint> = rounds.iter().filter_map(|s| s.sweep.get(i)).collect();
+            let of = |get: fn(&SweepPoint) -> f64| {
+                median(&same.iter().map(|p| get(p)).collect::<Vec<_>>())
+            };
+            SweepPoint {
+                offered: first.sweep[i].offered,
+                achieved: of(|p| p.achieved),
+                p50_ms: of(|p| p.p50_ms),
+                p99_ms: of(|p| p.p99_ms),
+                p999_ms: of(|p| p.p999_ms),
+                errors: same.iter().map(|p| p.errors).sum(),
+                server_cpu_ms_per_op: of(|p| p.server_cpu_ms_per_op),
+                other_cpu_s: of(|p| p.other_cpu_s),
+            }
+        })
+        .collect()
+}
+
 /// Each system's rounds folded into one result (systems in the order of `rounds[0]`). A system
 /// skipped in any round is reported as skipped.
 pub fn fold(rounds: &[Vec<SystemResult>]) -> Vec<SystemResult> {
@@ -114,8 +142,7 @@ pub fn fold(rounds: &[Vec<SystemResult>]) -> Vec<SystemResult> {
                 version: system.version.clone(),
                 skipped: None,
                 workloads,
-                // The sweep is long: it is the first round's.
-                sweep: system.sweep.clone(),
+                sweep: fold_sweep(&mine),
                 peak_rss_mib: median(&rss),
                 disk_mib: (!disk.is_empty()).then(|| median(&disk)),
                 notes: mine.iter().flat_map(|s| s.notes.iter().cloned()).collect(),

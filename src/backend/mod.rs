@@ -201,6 +201,11 @@ pub enum Error {
         path: String,
         source: std::io::Error,
     },
+    #[error("cannot open the database file {path}: {source}")]
+    OpenDatabase {
+        path: String,
+        source: std::io::Error,
+    },
     #[error("cannot register SQLite's file layer for the writer (SQLite result code {0})")]
     Vfs(std::ffi::c_int),
     #[error("cannot make the write-ahead log durable: {0}")]
