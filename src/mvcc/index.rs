@@ -21,10 +21,20 @@
 //! - Changes made while a batch runs are undoable: [`KeyIndex::apply`] records what it replaced,
 //!   [`KeyIndex::rollback`] restores the state of a [`Mark`] (a failed request, or a batch that
 //!   did not commit), and [`KeyIndex::commit`] forgets the record once the database committed.
+//!
+//! # Two structures
+//! Most of what the writer asks is about one key (a Put's bookkeeping, a compare, the
+//! prefetch of a batch's old values), and an update changes only a key's metadata: those go to
+//! a hash table, one probe each. Only ranges, and creating or forgetting a key, touch the
+//! ordered set, where each comparison of a binary search follows a pointer to a key elsewhere on
+//! the heap. (With the B-tree alone the index took 3.5% of a create's server CPU and 4.8% of an
+//! update's, `perf`, 100,000 of each; with the table an update costs 3 to 5% less server CPU.)
+//! Both hold the same keys, and each key's bytes are allocated once.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::sync::Arc;
 
-use crate::backend::LogRow;
+use crate::backend::{LogRow, RangeEnd};
 
 use super::types::{KeyRange, KeyValue};
 
@@ -64,17 +74,6 @@ impl KeyMeta {
     }
 }
 
-/// The entries of `keys` inside `range`, in key order.
-pub(crate) fn range_of<'a, V>(
-    keys: &'a BTreeMap<Vec<u8>, V>,
-    range: &'a KeyRange,
-) -> Box<dyn Iterator<Item = (&'a Vec<u8>, &'a V)> + 'a> {
-    match range.bounds() {
-        Some(bounds) => Box::new(keys.range::<[u8], _>(bounds)),
-        None => Box::new(std::iter::empty()),
-    }
-}
-
 /// A point [`KeyIndex::rollback`] returns to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Mark {
@@ -84,15 +83,19 @@ pub(crate) struct Mark {
 
 #[derive(Default)]
 pub(crate) struct KeyIndex {
-    keys: BTreeMap<Vec<u8>, KeyMeta>,
+    /// Every key's metadata. std's SipHash: keys come from clients, so the hash must not be one
+    /// they can make collide.
+    keys: HashMap<Arc<[u8]>, KeyMeta>,
+    /// The same keys, in order.
+    order: BTreeSet<Arc<[u8]>>,
     /// The log revision the committed part of the index describes.
     revision: i64,
     /// Tombstones in revision order, so pruning after physical compaction takes them from the
     /// front instead of walking every key. An entry whose key has since been written again is
     /// stale and skipped when pruned.
-    tombstones: VecDeque<(i64, Vec<u8>)>,
+    tombstones: VecDeque<(i64, Arc<[u8]>)>,
     /// What each uncommitted `apply` replaced, newest last.
-    undo: Vec<(Vec<u8>, Option<KeyMeta>)>,
+    undo: Vec<(Arc<[u8]>, Option<KeyMeta>)>,
     /// Set when the index was found to disagree with the log: it must be loaded afresh.
     stale: bool,
     /// How many times the writer loaded the index afresh after its first load, so that what
@@ -109,12 +112,19 @@ impl KeyIndex {
             revision,
             ..Self::default()
         };
+        let mut order = Vec::new();
         for row in heads {
+            let key: Arc<[u8]> = Arc::from(row.key.as_slice());
             if row.deleted {
-                index.tombstones.push_back((row.revision, row.key.clone()));
+                index.tombstones.push_back((row.revision, key.clone()));
             }
-            index.keys.insert(row.key.clone(), KeyMeta::of(&row));
+            if index.keys.insert(key.clone(), KeyMeta::of(&row)).is_none() {
+                order.push(key);
+            }
         }
+        // Sorted first, the set is built in one pass rather than by a search per key.
+        order.sort_unstable();
+        index.order = order.into_iter().collect();
         index.tombstones.make_contiguous().sort_unstable();
         index
     }
@@ -173,17 +183,44 @@ impl KeyIndex {
     pub fn live_range<'a>(
         &'a self,
         range: &'a KeyRange,
-    ) -> impl Iterator<Item = (&'a Vec<u8>, &'a KeyMeta)> + 'a {
-        range_of(&self.keys, range).filter(|(_, meta)| !meta.deleted)
+    ) -> Box<dyn Iterator<Item = (&'a [u8], &'a KeyMeta)> + 'a> {
+        let keys: Box<dyn Iterator<Item = &'a [u8]> + 'a> = match (&range.end, range.bounds()) {
+            (RangeEnd::Single, _) => Box::new(std::iter::once(range.key.as_slice())),
+            (_, Some(bounds)) => Box::new(self.order.range::<[u8], _>(bounds).map(|k| &**k)),
+            (_, None) => Box::new(std::iter::empty()),
+        };
+        Box::new(keys.filter_map(|key| {
+            let (key, meta) = self.keys.get_key_value(key)?;
+            (!meta.deleted).then_some((&**key, meta))
+        }))
     }
 
     /// Records a row written (or found written by another process) as its key's newest.
     pub fn apply(&mut self, row: &LogRow) {
-        let replaced = self.keys.insert(row.key.clone(), KeyMeta::of(row));
-        self.undo.push((row.key.clone(), replaced));
+        let meta = KeyMeta::of(row);
+        let (key, replaced) = match self.keys.get_key_value(row.key.as_slice()) {
+            // An existing key keeps its entry's key; only the metadata changes.
+            Some((key, _)) => {
+                let key = key.clone();
+                (key.clone(), self.keys.insert(key, meta))
+            }
+            None => {
+                let key: Arc<[u8]> = Arc::from(row.key.as_slice());
+                self.keys.insert(key.clone(), meta);
+                self.order.insert(key.clone());
+                (key, None)
+            }
+        };
         if row.deleted {
-            self.tombstones.push_back((row.revision, row.key.clone()));
+            self.tombstones.push_back((row.revision, key.clone()));
         }
+        self.undo.push((key, replaced));
+    }
+
+    /// Forgets `key` in both structures.
+    fn forget(&mut self, key: &[u8]) {
+        self.keys.remove(key);
+        self.order.remove(key);
     }
 
     pub fn mark(&self) -> Mark {
@@ -200,9 +237,11 @@ impl KeyIndex {
                 break;
             };
             match replaced {
-                Some(meta) => self.keys.insert(key, meta),
-                None => self.keys.remove(&key),
-            };
+                Some(meta) => {
+                    self.keys.insert(key, meta);
+                }
+                None => self.forget(&key),
+            }
         }
         self.tombstones.truncate(mark.tombstones);
     }
@@ -231,7 +270,7 @@ impl KeyIndex {
                 .get(&key)
                 .is_some_and(|meta| meta.deleted && meta.mod_revision == revision)
             {
-                self.keys.remove(&key);
+                self.forget(&key);
             }
         }
     }
@@ -239,6 +278,11 @@ impl KeyIndex {
     /// How many keys the index holds, tombstones included.
     #[cfg(test)]
     pub fn len(&self) -> usize {
+        assert_eq!(
+            self.order.len(),
+            self.keys.len(),
+            "both structures hold the same keys"
+        );
         self.keys.len()
     }
 }
@@ -328,6 +372,9 @@ mod tests {
         assert_eq!(index.live(b"a").map(|m| m.mod_revision), Some(2));
         assert_eq!(index.revision(), 2);
         assert_eq!(index.len(), 1);
+        // A key created and rolled back is gone from ranges too.
+        let all = KeyRange::from_etcd(b"a".to_vec(), vec![0]);
+        assert_eq!(keys(&index, &all), ["a"]);
     }
 
     #[test]
@@ -357,6 +404,7 @@ mod tests {
         index.prune_tombstones(100);
         assert!(index.get(b"c").is_none());
         assert_eq!(index.live(b"d").map(|m| m.mod_revision), Some(9));
+        assert_eq!(index.len(), 1);
     }
 
     #[test]

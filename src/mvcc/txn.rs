@@ -225,7 +225,7 @@ impl<'a> Batch<'a> {
         let metas: Vec<(Vec<u8>, KeyMeta)> = self
             .index
             .live_range(range)
-            .map(|(key, meta)| (key.clone(), *meta))
+            .map(|(key, meta)| (key.to_vec(), *meta))
             .collect();
         if !with_values {
             return Ok(metas
