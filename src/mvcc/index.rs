@@ -112,19 +112,15 @@ impl KeyIndex {
             revision,
             ..Self::default()
         };
-        let mut order = Vec::new();
         for row in heads {
             let key: Arc<[u8]> = Arc::from(row.key.as_slice());
             if row.deleted {
                 index.tombstones.push_back((row.revision, key.clone()));
             }
-            if index.keys.insert(key.clone(), KeyMeta::of(&row)).is_none() {
-                order.push(key);
-            }
+            index.keys.insert(key, KeyMeta::of(&row));
         }
-        // Sorted first, the set is built in one pass rather than by a search per key.
-        order.sort_unstable();
-        index.order = order.into_iter().collect();
+        // Collecting sorts the keys and builds the set in bulk, not by a search per key.
+        index.order = index.keys.keys().cloned().collect();
         index.tombstones.make_contiguous().sort_unstable();
         index
     }
