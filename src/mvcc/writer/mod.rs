@@ -11,10 +11,13 @@
 //! (`KeyTooLong`) is its alone.
 //!
 //! Before it takes the jobs, the writer lets the requests that are ready to run join them
-//! ([`gather`]). Tokio runs a task woken by another right after it, on the same thread, so the
-//! first request to arrive woke the writer ahead of the requests decoded in the same pass: a
-//! batch held about 13 of 64 clients' creates. Yielding a pass or two of the runtime lets those
-//! queue up first: batches of about 19, and 5 to 6% less CPU per write (BENCHMARKS.md).
+//! ([`gather`]). Tokio runs a task woken by another next on the same thread (its "LIFO slot"),
+//! so the first request to arrive can wake the writer ahead of the requests decoded in the same
+//! pass; with 64 clients a batch held about 13 writes. The writer first yields for a few passes
+//! of the runtime, so that those queue up too: batches of about 19 on SQLite (30 on
+//! PostgreSQL), and 5% less server CPU per write (10% on PostgreSQL, its backend included;
+//! BENCHMARKS.md). It does so only when writes come concurrently (this batch or the last held
+//! more than one): a lone client's write would wait for nobody.
 //!
 //! A batch that takes the cluster-wide writers' lock as it begins (a shared database, when it
 //! cannot presume the revisions: see below) may wait there while other processes write, longer
@@ -151,6 +154,8 @@ pub(super) async fn run_writer(
     let mut backlog = VecDeque::with_capacity(MAX_BATCH);
     // Other processes' commits, as the applied index takes them in.
     let mut others = applied.subscribe();
+    // Requests in the last batch: more than one says that clients write concurrently.
+    let mut last_batch = 0;
     loop {
         if backlog.is_empty() {
             let received = tokio::select! {
@@ -171,7 +176,11 @@ pub(super) async fn run_writer(
                 break;
             }
             backlog.extend(incoming.drain(..));
-            gather(&mut queue, &mut backlog).await;
+            // A lone client's write has no company to wait for: it would only pay for the
+            // passes (a tenth of a millisecond or two per write, measured with one client).
+            if backlog.len() > 1 || last_batch > 1 {
+                gather(&mut queue, &mut backlog).await;
+            }
         }
         // A txn with a key the database may refuse runs alone: a refusal fails it only.
         let alone = |job: &WriteJob| checked.is_some_and(|limit| job.longest_put_key() > limit);
@@ -222,6 +231,7 @@ pub(super) async fn run_writer(
             stats.presumed.fetch_add(1, Ordering::Relaxed);
         }
         let received = jobs.len();
+        last_batch = received;
         let result = match (result, checked) {
             (Err(Error::Backend(e)), Some(max)) if e.is_key_too_large() => {
                 Err(Error::KeyTooLong { max })
