@@ -44,8 +44,9 @@ const GATHER_PASSES: usize = 4;
 /// Lets the requests that are ready to run, or whose bytes the next poll of the sockets reads,
 /// join `backlog` before its batch starts: yields to the runtime and takes what was queued
 /// meanwhile, pass after pass, until a pass brings nothing new (or [`GATHER_PASSES`], or
-/// [`MAX_BATCH`]). A yield waits only for the tasks already runnable on this thread, so a lone
-/// write waits one pass, microseconds, where its fsync takes a millisecond.
+/// [`MAX_BATCH`]). Under load a pass costs little, as other tasks run meanwhile; a write with
+/// no company paid for its pass with 0.19 ms more latency (one client, median), so the writer
+/// gathers only when writes come concurrently.
 pub(super) async fn gather(queue: &mut mpsc::Receiver<WriteJob>, backlog: &mut VecDeque<WriteJob>) {
     for _ in 0..GATHER_PASSES {
         tokio::task::yield_now().await;

@@ -14,10 +14,10 @@
 //! ([`gather`]). Tokio runs a task woken by another next on the same thread (its "LIFO slot"),
 //! so the first request to arrive can wake the writer ahead of the requests decoded in the same
 //! pass; with 64 clients a batch held about 13 writes. The writer first yields for a few passes
-//! of the runtime, so that those queue up too: batches of about 19 on SQLite (30 on
-//! PostgreSQL), and 5% less server CPU per write (10% on PostgreSQL, its backend included;
-//! BENCHMARKS.md). It does so only when writes come concurrently (this batch or the last held
-//! more than one): a lone client's write would wait for nobody.
+//! of the runtime, so that those queue up too: batches of about 18 on SQLite (30 on
+//! PostgreSQL), and 5 to 6% less server CPU per write (7 to 11% on PostgreSQL, its backend
+//! included; BENCHMARKS.md). It does so only when writes come concurrently (this batch or the
+//! last held more than one): a lone client's write would wait for nobody.
 //!
 //! A batch that takes the cluster-wide writers' lock as it begins (a shared database, when it
 //! cannot presume the revisions: see below) may wait there while other processes write, longer
@@ -177,7 +177,7 @@ pub(super) async fn run_writer(
             }
             backlog.extend(incoming.drain(..));
             // A lone client's write has no company to wait for: it would only pay for the
-            // passes (a tenth of a millisecond or two per write, measured with one client).
+            // passes (0.19 ms per write at the median, measured with one client).
             if backlog.len() > 1 || last_batch > 1 {
                 gather(&mut queue, &mut backlog).await;
             }
