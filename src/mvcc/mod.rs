@@ -48,6 +48,7 @@ pub mod compare;
 mod fence;
 mod hash;
 mod index;
+mod ordered_key;
 mod probe;
 mod read;
 mod txn;

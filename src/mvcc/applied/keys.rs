@@ -25,11 +25,12 @@ use std::sync::Arc;
 use wabi_tree::OSBTreeSet;
 
 use super::Entry;
+use crate::mvcc::ordered_key::OrderedKey;
 
 /// A key in the B-tree with its entry's slot. It compares by key alone.
 #[derive(Clone)]
 struct Slotted {
-    key: Arc<[u8]>,
+    key: OrderedKey,
     slot: u32,
 }
 
@@ -55,7 +56,7 @@ impl Ord for Slotted {
 
 impl Borrow<[u8]> for Slotted {
     fn borrow(&self) -> &[u8] {
-        &self.key
+        self.key.bytes()
     }
 }
 
@@ -133,7 +134,7 @@ impl Keys {
         };
         let key: Arc<[u8]> = Arc::from(key);
         self.order.insert(Slotted {
-            key: key.clone(),
+            key: OrderedKey::new(key.clone()),
             slot,
         });
         self.slots.insert(key, slot);
@@ -153,7 +154,7 @@ impl Keys {
         Box::new(
             self.order
                 .range::<[u8], _>(bounds)
-                .map(move |item| (&*item.key, occupied(entries, item.slot))),
+                .map(move |item| (item.key.bytes(), occupied(entries, item.slot))),
         )
     }
 
@@ -167,7 +168,7 @@ impl Keys {
         let Keys { order, entries, .. } = self;
         for item in order.range::<[u8], _>((from, Bound::Unbounded)) {
             if let Some(entry) = entries[item.slot as usize].as_mut()
-                && !visit(&item.key, entry)
+                && !visit(item.key.bytes(), entry)
             {
                 return;
             }
@@ -181,7 +182,7 @@ impl Keys {
             .range::<[u8], _>((Bound::Included(bound), Bound::Unbounded))
             .next()
         {
-            Some(first) => self.order.rank_of(&*first.key).unwrap_or(self.len()),
+            Some(first) => self.order.rank_of(first.key.bytes()).unwrap_or(self.len()),
             None => self.len(),
         }
     }
