@@ -48,7 +48,6 @@ pub mod compare;
 mod fence;
 mod hash;
 mod index;
-mod ordered_key;
 mod probe;
 mod read;
 mod txn;

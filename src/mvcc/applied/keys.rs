@@ -25,9 +25,9 @@ use std::sync::Arc;
 use wabi_tree::OSBTreeSet;
 
 use super::Entry;
-use crate::mvcc::ordered_key::OrderedKey;
+use super::ordered_key::OrderedKey;
 
-/// A key in the B-tree with its entry's slot. It compares by key alone.
+/// A key in the B-tree with its entry's slot. It compares by key alone, its inline head first.
 #[derive(Clone)]
 struct Slotted {
     key: OrderedKey,

@@ -562,5 +562,6 @@ impl<'a> Iterator for Undone<'a> {
 }
 
 mod keys;
+mod ordered_key;
 #[cfg(test)]
 mod tests;

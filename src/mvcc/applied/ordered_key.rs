@@ -1,13 +1,15 @@
-//! A key as the ordered sets of the in-memory indexes hold it: its first bytes copied inline
-//! beside the shared allocation that holds all of them.
+//! A key as the applied index's ordered set holds it: its first bytes copied inline beside the
+//! shared allocation that holds all of them.
 //!
 //! Inserting into an ordered set compares the new key with about twenty others on the way
 //! down, and each of those keys' bytes lives elsewhere on the heap: once the set outgrows the
-//! caches, each comparison waits for memory. Midway through 300,000 creates, the two ordered
-//! inserts each create makes (the writer's index and the applied index) took 12% of the
-//! server's CPU (`perf`), more than half of it in `memcmp` reaching those keys. With the head
-//! inline, a comparison between keys whose first [`HEAD`] bytes differ stays within the set's
-//! own node: 4% less server CPU per create over 100,000 creates (BENCHMARKS.md).
+//! caches, each comparison waits for memory. Midway through 300,000 creates, the applied
+//! index's ordered insert took 8% of the server's CPU (`perf`), more than half of it in `memcmp`
+//! reaching those keys. With the head inline, a comparison between keys whose first [`HEAD`]
+//! bytes differ stays within the set's own node: the insert fell to 3.5%, and a create costs 4%
+//! less server CPU over 100,000 creates (BENCHMARKS.md). The writer's index, a B-tree with small
+//! nodes, gained nothing measurable from it, and keeps plain keys: the head costs memory (40
+//! bytes a key, more with the nodes' slack).
 //!
 //! # Invariant
 //! The order is exactly that of the keys' bytes (`[u8]`'s order), so a lookup by a borrowed
