@@ -12,14 +12,13 @@
 //! bytes a key, more with the nodes' slack).
 //!
 //! # Invariant
-//! The order is exactly that of the keys' bytes (`[u8]`'s order), so a lookup by a borrowed
-//! `[u8]` finds what an insert placed. Heads are the keys' first bytes padded with zeros; the
+//! The order is exactly that of the keys' bytes (`[u8]`'s order), so a lookup of the set by a
+//! borrowed `[u8]` (the set's entries borrow as their key's bytes) finds what an insert placed. Heads are the keys' first bytes padded with zeros; the
 //! first position where two heads differ decides, and agrees with the keys' own order there:
 //! either both keys have a byte at that position, or the key that ends before it is a prefix of
 //! the other (a zero of padding is below any byte but an actual zero, which pads the same). Equal
 //! heads say nothing, and the whole keys are compared.
 
-use std::borrow::Borrow;
 use std::cmp::Ordering;
 use std::sync::Arc;
 
@@ -29,7 +28,7 @@ const HEAD: usize = 40;
 const WORDS: usize = HEAD / 8;
 
 #[derive(Clone)]
-pub(crate) struct OrderedKey {
+pub(super) struct OrderedKey {
     /// The key's first [`HEAD`] bytes, zero-padded, as big-endian words: comparing the words in
     /// order compares the bytes in order.
     head: [u64; WORDS],
@@ -74,12 +73,6 @@ impl Ord for OrderedKey {
         self.head
             .cmp(&other.head)
             .then_with(|| self.key.cmp(&other.key))
-    }
-}
-
-impl Borrow<[u8]> for OrderedKey {
-    fn borrow(&self) -> &[u8] {
-        &self.key
     }
 }
 
