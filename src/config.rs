@@ -75,7 +75,10 @@ pub struct Config {
 
     /// How many recent changes the in-memory index can undo, so that reads at a revision it has
     /// passed (the later pages of a list, while writes go on) are answered from memory too;
-    /// older revisions are read from the database. 0 reads them all from the database.
+    /// older revisions are read from the database. A compaction through this process forgets
+    /// the changes it compacted past. Each change costs about 100 bytes and its key; the old
+    /// values it keeps share the read cache's budget (a quarter of it at most, the oldest
+    /// dropped first). 0 reads them all from the database.
     #[arg(long, env = "ETCDSQL_READ_HISTORY_CHANGES", default_value_t = 16_384)]
     pub read_history_changes: usize,
 

@@ -1180,12 +1180,13 @@ async fn concurrent_writers_are_serialised_without_gaps() {
     server.stop().await;
 }
 
-/// A txn that writes and then reads a range through SQL puts its batch's rows into the database
-/// before the batch ends; the requests after it in the same batch are written with the rest at
-/// the end. Many clients mixing such txns with plain puts: every request is answered, each
-/// read sees its own txn's write, and revisions stay gapless.
+/// A txn that writes and then reads a range at an older revision (through SQL) puts its batch's
+/// rows into the database before the batch ends; the requests after it in the same batch are
+/// written with the rest at the end. Many clients mixing such txns with plain puts: every
+/// request is answered, each read sees its own txn's write (or, at the older revision, not),
+/// and revisions stay gapless.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn txns_reading_back_through_sql_share_batches_with_other_writes() {
+async fn txns_reading_back_share_batches_with_other_writes() {
     let dir = tempfile::tempdir().unwrap();
     let server = TestServer::start(dir.path()).await;
     let client = server.client().await;
@@ -1201,19 +1202,29 @@ async fn txns_reading_back_through_sql_share_batches_with_other_writes() {
                     continue;
                 }
                 let prefix = format!("mix/{writer}/");
+                let count = || GetOptions::new().with_prefix().with_count_only();
+                // The count now comes from the batch's index; the one at the revision of this
+                // writer's previous write from SQL, which must see the rows the batch wrote
+                // before this txn (and this txn's own, under a savepoint).
+                let before = revisions.last().copied().unwrap_or(1);
                 let txn = Txn::new().and_then([
                     TxnOp::put(key, "x", None),
-                    TxnOp::get(
-                        prefix,
-                        Some(GetOptions::new().with_prefix().with_count_only()),
-                    ),
+                    TxnOp::get(prefix.as_str(), Some(count())),
+                    TxnOp::get(prefix.as_str(), Some(count().with_revision(before))),
                 ]);
                 let out = c.txn(txn).await.unwrap();
-                let count = match &out.op_responses()[1] {
-                    TxnOpResponse::Get(get) => get.count(),
-                    other => panic!("unexpected response {other:?}"),
-                };
-                assert_eq!(count, k + 1, "writer {writer}'s read after write {k}");
+                let counts: Vec<i64> = out.op_responses()[1..]
+                    .iter()
+                    .map(|response| match response {
+                        TxnOpResponse::Get(get) => get.count(),
+                        other => panic!("unexpected response {other:?}"),
+                    })
+                    .collect();
+                assert_eq!(
+                    counts,
+                    [k + 1, k],
+                    "writer {writer}'s reads after write {k}"
+                );
                 revisions.push(rev(out.header()));
             }
             revisions
@@ -1226,6 +1237,59 @@ async fn txns_reading_back_through_sql_share_batches_with_other_writes() {
     revisions.sort_unstable();
     let expected: Vec<i64> = (2..2 + 16 * 20).collect();
     assert_eq!(revisions, expected, "one revision per write");
+    server.stop().await;
+}
+
+/// A Range inside a txn, after the txn's own writes, answers as a get of the txn's revision
+/// does, whatever its shape: limits, counts, keys only, sorts and filters.
+#[tokio::test]
+async fn ranges_inside_a_txn_answer_as_gets_of_its_revision() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(dir.path()).await;
+    let mut c = server.client().await;
+    for (i, value) in ["q", "c", "x", "a", "m"].iter().enumerate() {
+        c.put(format!("s/{i}"), *value, None).await.unwrap();
+    }
+    c.put("s/2", "again", None).await.unwrap();
+    let shapes = || {
+        let prefix = || GetOptions::new().with_prefix();
+        vec![
+            prefix(),
+            prefix().with_limit(2),
+            prefix().with_limit(9),
+            prefix().with_count_only(),
+            prefix().with_keys_only().with_limit(3),
+            prefix()
+                .with_sort(SortTarget::Value, SortOrder::Descend)
+                .with_limit(3),
+            prefix()
+                .with_keys_only()
+                .with_sort(SortTarget::Value, SortOrder::Ascend),
+            prefix()
+                .with_sort(SortTarget::Mod, SortOrder::Descend)
+                .with_limit(2),
+            prefix().with_min_mod_revision(4).with_limit(2),
+            GetOptions::new().with_range("s/2").with_limit(1),
+        ]
+    };
+    let mut ops = vec![
+        TxnOp::put("s/1", "changed", None),
+        TxnOp::delete("s/3", None),
+    ];
+    ops.extend(shapes().into_iter().map(|o| TxnOp::get("s/", Some(o))));
+    let out = c.txn(Txn::new().and_then(ops)).await.unwrap();
+    let revision = rev(out.header());
+    for (i, (response, options)) in out.op_responses()[2..].iter().zip(shapes()).enumerate() {
+        let TxnOpResponse::Get(inside) = response else {
+            panic!("unexpected response {response:?}");
+        };
+        let get = c
+            .get("s/", Some(options.with_revision(revision)))
+            .await
+            .unwrap();
+        let answer = |r: &etcd_client::GetResponse| (fields(r.kvs()), r.count(), r.more());
+        assert_eq!(answer(inside), answer(&get), "shape {i}");
+    }
     server.stop().await;
 }
 

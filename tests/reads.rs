@@ -3,7 +3,8 @@
 //! once the index has moved past it: both must answer alike, while puts, deletes, expiring
 //! leases and compaction run beside them. Without history in memory those later reads take the
 //! SQL path, once with room for every value and once with room for a few (so that most values
-//! are evicted and read back by primary key); with history they are answered from memory too.
+//! are evicted and read back by primary key); with history they are answered from memory too,
+//! once more with room for a few of the values the history replaced.
 
 mod common;
 
@@ -154,6 +155,13 @@ async fn reads_equal_with_most_values_evicted() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn reads_at_past_revisions_from_memory_equal_the_reads_of_then() {
     compare_reads(None, 16_384).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn reads_at_past_revisions_equal_with_most_old_values_dropped() {
+    // The history's share of the budget holds two or three of the values its changes replaced:
+    // the reads at past revisions take the others by primary key.
+    compare_reads(Some(256), 16_384).await;
 }
 
 /// Compares as the module says; `history` is the changes the index can undo (0: none, so the
@@ -312,11 +320,14 @@ async fn reads_at_past_revisions_come_from_memory_within_the_history() {
     assert_eq!(now.kvs()[0].value(), b"changed");
     c.put(key(0), "after", None).await.unwrap();
     c.compact(current, None).await.unwrap();
+    let (memory, sql) = read_sources(&server).await;
     let pinned = c
         .get(key(0), Some(GetOptions::new().with_revision(current)))
         .await
         .unwrap();
     assert_eq!(summary(&pinned), summary(&now));
+    // The compaction forgot the changes up to its revision, not the one after it.
+    assert_eq!(read_sources(&server).await, (memory + 2.0, sql));
     let compacted = status(
         c.get(key(0), Some(GetOptions::new().with_revision(revision)))
             .await

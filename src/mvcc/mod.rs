@@ -158,7 +158,8 @@ pub struct StoreOptions {
     /// read with values reads them by primary key.
     pub read_cache_bytes: usize,
     /// How many recent changes the applied index can undo, to answer reads at revisions it has
-    /// passed; 0 sends every such read to SQL.
+    /// passed (it forgets those this process compacts past sooner); 0 sends every such read to
+    /// SQL.
     pub read_history_changes: usize,
     /// etcd's `--quota-backend-bytes`: 0 is etcd's default (2 GiB), negative is none.
     pub quota_backend_bytes: i64,
@@ -581,6 +582,7 @@ impl Store {
         let (reply, answer) = oneshot::channel();
         self.submit(WriteJob::Compact { revision, reply }).await?;
         let current = answer.await.map_err(|_| Error::ShuttingDown)??;
+        self.inner.applied.forget_through(revision);
         if physical {
             let mut compacted = self.inner.compacted.clone();
             compacted

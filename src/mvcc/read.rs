@@ -54,7 +54,7 @@ async fn read_range(
 }
 
 /// Whether `req` reads values: to answer with them, or to sort by them.
-fn needs_values(req: &RangeRequest) -> bool {
+pub(super) fn needs_values(req: &RangeRequest) -> bool {
     !req.count_only && (!req.keys_only || matches!(req.sort, Some((types::SortTarget::Value, _))))
 }
 

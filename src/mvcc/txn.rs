@@ -13,12 +13,15 @@
 //! writer's [`KeyIndex`], which the rows of this batch update as they are written. Values come
 //! from the rows this batch wrote, kept in memory, or else from the database by `(key,
 //! revision)` — for a batch's Puts and single-key Deletes in one query up front
-//! ([`Batch::prefetch`]). New rows are buffered and inserted together ([`Batch::flush`]) before
-//! anything reads the log with SQL (a Range op, a lease's keys) and before the batch commits.
+//! ([`Batch::prefetch`]). A Range op of the current revision is answered the same way, from the
+//! index and those values. New rows are buffered and inserted together ([`Batch::flush`])
+//! before anything reads the log with SQL (a Range op at an older revision, a lease's keys) and
+//! before the batch commits.
 //!
 //! Every error a request can fail with is found before it writes anything to the database,
-//! except when a txn reads with a Range after writing (its own rows must be inserted for SQL to
-//! see them): only then is the request wrapped in a savepoint, so a later error rolls it back.
+//! except when a txn reads with a Range at an older revision after writing (its rows are
+//! inserted with the batch's for SQL to see them): only then is the request wrapped in a
+//! savepoint, so a later error rolls it back.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -222,11 +225,35 @@ impl<'a> Batch<'a> {
     /// The existing keys of a range with their values (or empty values if `with_values` is
     /// false), in key order.
     async fn live(&mut self, range: &KeyRange, with_values: bool) -> Result<Vec<KeyValue>> {
-        let metas: Vec<(Vec<u8>, KeyMeta)> = self
-            .index
-            .live_range(range)
-            .map(|(key, meta)| (key.to_vec(), *meta))
-            .collect();
+        Ok(self.live_first(range, with_values, None).await?.1)
+    }
+
+    /// How many keys of a range exist, and the first `take` of them (all if `None`) as
+    /// [`Self::live`] gives them: values are read for those alone.
+    async fn live_first(
+        &mut self,
+        range: &KeyRange,
+        with_values: bool,
+        take: Option<usize>,
+    ) -> Result<(i64, Vec<KeyValue>)> {
+        let mut count = 0_i64;
+        let mut metas: Vec<(Vec<u8>, KeyMeta)> = Vec::new();
+        for (key, meta) in self.index.live_range(range) {
+            if take.is_none_or(|take| metas.len() < take) {
+                metas.push((key.to_vec(), *meta));
+            }
+            count += 1;
+        }
+        let kvs = self.kvs_of(metas, with_values).await?;
+        Ok((count, kvs))
+    }
+
+    /// Keys with their metadata as key-values, with their values if `with_values`.
+    async fn kvs_of(
+        &mut self,
+        metas: Vec<(Vec<u8>, KeyMeta)>,
+        with_values: bool,
+    ) -> Result<Vec<KeyValue>> {
         if !with_values {
             return Ok(metas
                 .into_iter()
@@ -423,12 +450,15 @@ impl<'e, 'a> TxnExec<'e, 'a> {
     async fn range(&mut self, req: &RangeRequest) -> Result<RangeResponse> {
         let view = self.view();
         let revision = super::resolve_read_revision(req.revision, view, self.compact)?;
-        if revision == view && req.range.end == RangeEnd::Single {
-            // One key as it is now (kube-apiserver's "else read it back" branch): the index and
-            // the values this batch holds answer it without SQL.
-            let with_values = !req.keys_only && !req.count_only;
-            let kvs = self.batch.live(&req.range, with_values).await?;
-            let count = kvs.len() as i64;
+        if revision == view {
+            // The range as it is now (one key, for kube-apiserver's "else read it back"
+            // branch): the index and the values this batch holds answer it without SQL, values
+            // read only for the keys the answer can hold.
+            let take = fetch_limit(req).map(|limit| limit as usize);
+            let (count, kvs) = self
+                .batch
+                .live_first(&req.range, super::read::needs_values(req), take)
+                .await?;
             if req.count_only {
                 return Ok(RangeResponse {
                     count,
@@ -437,7 +467,7 @@ impl<'e, 'a> TxnExec<'e, 'a> {
             }
             return Ok(finish_range(req, kvs, count));
         }
-        // SQL answers other Ranges (sorting, limits, counts, old revisions): it must see every row.
+        // SQL answers Ranges at older revisions: it must see every row.
         self.batch.flush().await?;
         let tx = &mut self.batch.tx;
         let count = tx.count(&req.range.key, &req.range.end, revision).await?;

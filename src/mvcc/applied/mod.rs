@@ -18,10 +18,14 @@
 //! - **Bounded values.** Values held stay within the budget, apart from the ones just taken in:
 //!   each apply or fill evicts (a clock sweep over the keys, sparing once each value read since
 //!   the hand last passed) until the total is back within it. Metadata is never evicted.
-//! - **A window of history.** The index keeps the state each of its most recent changes
-//!   replaced (bounded in number and in the bytes of values they keep), so a read at a revision
-//!   R it has passed undoes the changes after R: R must be at or above the floor, the newest
-//!   revision of a change it has forgotten; below it, [`View::at`] answers nothing.
+//! - **A window of history.** The index keeps the state each of its recent changes replaced, so
+//!   a read at a revision R it has passed undoes the changes after R: R must be at or above the
+//!   floor, the newest revision of a change it has forgotten; below it, [`View::at`] answers
+//!   nothing. It forgets a change only when the window holds more than its number of changes
+//!   or when this process compacts past it ([`Applied::forget_through`]), not for the bytes of
+//!   the values the changes replaced: past their share of the budget the oldest of those
+//!   values are dropped, and a read that needs one reads it by primary key, as it does a
+//!   current value the budget left out.
 //! - **Only durable revisions.** Its publishers hand over a batch only once it is durable, and
 //!   after the store published its revisions; so the index's revision is never above the store's
 //!   published current revision, and a read served at it never shows what a later read could
@@ -152,6 +156,9 @@ struct State {
     history: VecDeque<Change>,
     /// What the values `history` keeps cost.
     history_bytes: usize,
+    /// The changes of `history` before this position hold no value any more: the oldest values
+    /// are the first dropped.
+    valued_from: usize,
     history_limit: usize,
     /// The oldest revision reads can be taken back to: every change after it is in `history`.
     floor: i64,
@@ -174,18 +181,32 @@ impl State {
         });
     }
 
-    /// Forgets the oldest changes beyond the history's bounds, raising the floor past them.
+    /// Forgets the oldest changes beyond the history's number, and drops the oldest of the
+    /// values the rest replaced until those fit their share of the budget.
     fn trim_history(&mut self) {
-        let byte_limit = self.budget / HISTORY_SHARE;
-        while self.history.len() > self.history_limit || self.history_bytes > byte_limit {
-            let Some(change) = self.history.pop_front() else {
-                break;
-            };
-            if let Some(value) = change.before.as_ref().and_then(|v| v.value.as_ref()) {
-                self.history_bytes -= cost(value);
-            }
-            self.floor = self.floor.max(change.revision);
+        while self.history.len() > self.history_limit {
+            self.forget_oldest();
         }
+        let byte_limit = self.budget / HISTORY_SHARE;
+        while self.history_bytes > byte_limit && self.valued_from < self.history.len() {
+            let change = &mut self.history[self.valued_from];
+            if let Some(value) = change.before.as_mut().and_then(|v| v.value.take()) {
+                self.history_bytes -= cost(&value);
+            }
+            self.valued_from += 1;
+        }
+    }
+
+    /// Forgets the oldest change, raising the floor to it.
+    fn forget_oldest(&mut self) {
+        let Some(change) = self.history.pop_front() else {
+            return;
+        };
+        if let Some(value) = change.before.as_ref().and_then(|v| v.value.as_ref()) {
+            self.history_bytes -= cost(value);
+        }
+        self.valued_from = self.valued_from.saturating_sub(1);
+        self.floor = self.floor.max(change.revision);
     }
 
     fn set(&mut self, key: Vec<u8>, entry: Entry) {
@@ -283,6 +304,7 @@ impl Applied {
                     hand: None,
                     history: VecDeque::new(),
                     history_bytes: 0,
+                    valued_from: 0,
                     history_limit: history,
                     floor: revision,
                 }),
@@ -304,6 +326,7 @@ impl Applied {
         state.hand = None;
         state.history.clear();
         state.history_bytes = 0;
+        state.valued_from = 0;
         state.floor = revision;
         self.inner.revision.send_replace(revision);
     }
@@ -401,6 +424,17 @@ impl Applied {
         }
         state.value_bytes += added;
         state.evict();
+    }
+
+    /// Forgets the changes at or below `compact`, the revision this process compacted the log
+    /// to: no read below it is answered any more, and the reads at or above it need only the
+    /// changes after it. (Other processes' compactions are not told here; their changes leave
+    /// the window by its number.)
+    pub(crate) fn forget_through(&self, compact: i64) {
+        let mut state = self.write();
+        while state.history.front().is_some_and(|c| c.revision <= compact) {
+            state.forget_oldest();
+        }
     }
 
     /// Waits until the index has reached `revision`; `false` if `timeout` passed first.

@@ -311,3 +311,94 @@ fn counts_and_past_revisions_match_a_model() {
     assert!(applied.floor() > 1500, "floor {}", applied.floor());
     assert!(answered_in_the_past > 100, "{answered_in_the_past}");
 }
+
+/// Each key of `range` at `revision` with its mod revision and value, if held.
+fn at(
+    applied: &Applied,
+    range: &KeyRange,
+    revision: i64,
+) -> Option<Vec<(String, i64, Option<String>)>> {
+    let view = applied.view();
+    let (_, items) = view.at(range, revision)?;
+    Some(
+        items
+            .map(|item| {
+                (
+                    String::from_utf8_lossy(item.key).into_owned(),
+                    item.meta.mod_revision,
+                    item.value.map(|v| String::from_utf8_lossy(v).into_owned()),
+                )
+            })
+            .collect(),
+    )
+}
+
+#[test]
+fn past_their_share_the_oldest_history_values_go_and_the_changes_stay() {
+    // A quarter of 400 bytes for the history's values: two of 30 bytes (46 with the overhead).
+    let applied = Applied::load(&[], 1, 400, 100);
+    let value = |r: i64| format!("{r:030}");
+    for revision in 2..=10 {
+        assert!(apply(
+            &applied,
+            revision - 1,
+            revision,
+            &[put("a", revision, false, &value(revision))]
+        ));
+    }
+    let a = KeyRange::single(b"a".to_vec());
+    assert_eq!(applied.floor(), 1, "no change forgotten");
+    // The two newest replaced values are held; older ones are misses, their rows still known.
+    assert_eq!(
+        at(&applied, &a, 9),
+        Some(vec![("a".into(), 9, Some(value(9)))])
+    );
+    assert_eq!(
+        at(&applied, &a, 8),
+        Some(vec![("a".into(), 8, Some(value(8)))])
+    );
+    assert_eq!(at(&applied, &a, 7), Some(vec![("a".into(), 7, None)]));
+    assert_eq!(at(&applied, &a, 2), Some(vec![("a".into(), 2, None)]));
+    assert_eq!(at(&applied, &a, 1), Some(vec![]));
+    // The number of changes still bounds the window.
+    let applied = Applied::load(&[], 1, 400, 3);
+    for revision in 2..=10 {
+        assert!(apply(
+            &applied,
+            revision - 1,
+            revision,
+            &[row("a", revision, false)]
+        ));
+    }
+    assert_eq!(applied.floor(), 7);
+    assert_eq!(at(&applied, &a, 6), None);
+    assert_eq!(at(&applied, &a, 7).map(|v| v[0].1), Some(7));
+}
+
+#[test]
+fn a_compaction_forgets_the_changes_it_compacted_past() {
+    let applied = Applied::load(&[row("b", 1, false)], 1, 1 << 20, 100);
+    for revision in 2..=10 {
+        let key = if revision % 2 == 0 { "a" } else { "b" };
+        assert!(apply(
+            &applied,
+            revision - 1,
+            revision,
+            &[row(key, revision, false)]
+        ));
+    }
+    let all = KeyRange::from_etcd(b"a".to_vec(), b"c".to_vec());
+    let before = at(&applied, &all, 6);
+    applied.forget_through(6);
+    assert_eq!(applied.floor(), 6);
+    assert_eq!(at(&applied, &all, 5), None);
+    assert_eq!(at(&applied, &all, 6), before);
+    assert_eq!(
+        before.map(|v| v.into_iter().map(|(k, r, _)| (k, r)).collect::<Vec<_>>()),
+        Some(vec![("a".into(), 6), ("b".into(), 5)])
+    );
+    // Nothing past the index's revision to forget: the window is empty, reads at it still work.
+    applied.forget_through(20);
+    assert_eq!(applied.floor(), 10);
+    assert_eq!(at(&applied, &all, 10).map(|v| v.len()), Some(2));
+}

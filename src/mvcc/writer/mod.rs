@@ -46,8 +46,9 @@
 //! hold:
 //! - A failed request changes nothing: every error it can meet (a missing key for `ignore_*`, an
 //!   unknown lease, a compacted Range) is found before it writes to the database, and its rows
-//!   and index changes are dropped. Only a txn that reads with a Range after writing must put
-//!   its own rows into the database first, and it does so under a savepoint.
+//!   and index changes are dropped. Only a txn that reads with a Range at an older revision
+//!   after writing must put its own rows into the database first, and it does so under a
+//!   savepoint.
 //! - Each request sees the earlier ones: they updated the index and the batch's values at once,
 //!   and buffered rows are inserted before any SQL read of the log inside the batch.
 //! - The index matches the committed log: a batch's changes to it are undone unless the batch
