@@ -273,6 +273,97 @@ async fn revoke_deletes_attached_keys_in_one_revision_with_delete_events() {
     server.stop().await;
 }
 
+/// A revocation deletes the keys the lease holds at that moment: not a key moved to another
+/// lease or deleted since, and a key attached or created again later is; each deletion's
+/// prev_kv is the value it ended.
+#[tokio::test]
+async fn revoke_deletes_the_keys_the_lease_holds_now() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(dir.path()).await;
+    let mut c = server.client().await;
+    let first = c.lease_grant(600, None).await.unwrap().id();
+    let second = c.lease_grant(600, None).await.unwrap().id();
+    let with = |lease| Some(PutOptions::new().with_lease(lease));
+    c.put("h/a", "a1", with(first)).await.unwrap();
+    c.put("h/b", "b1", with(first)).await.unwrap();
+    c.put("h/c", "c1", with(first)).await.unwrap();
+    c.put("h/c", "c2", with(second)).await.unwrap();
+    c.put("h/d", "d1", None).await.unwrap();
+    c.put("h/d", "d2", with(first)).await.unwrap();
+    c.put("h/e", "e1", with(first)).await.unwrap();
+    c.delete("h/e", None).await.unwrap();
+    c.delete("h/b", None).await.unwrap();
+    c.put("h/b", "b2", with(first)).await.unwrap();
+    let revision = c
+        .put("h/a", "a2", with(first))
+        .await
+        .unwrap()
+        .header()
+        .unwrap()
+        .revision();
+
+    let mut watch = c
+        .watch(
+            "h/",
+            Some(
+                etcd_client::WatchOptions::new()
+                    .with_prefix()
+                    .with_prev_key()
+                    .with_start_revision(revision + 1),
+            ),
+        )
+        .await
+        .unwrap();
+    watch.message().await.unwrap();
+    c.lease_revoke(first).await.unwrap();
+    let r = tokio::time::timeout(WAIT, watch.message())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    let deletes: Vec<_> = r
+        .events()
+        .iter()
+        .map(|e| {
+            let prev = e.prev_kv().unwrap();
+            (
+                e.event_type(),
+                e.kv().unwrap().mod_revision(),
+                String::from_utf8_lossy(prev.key()).into_owned(),
+                String::from_utf8_lossy(prev.value()).into_owned(),
+            )
+        })
+        .collect();
+    let deleted = |key: &str, value: &str| {
+        (
+            EventType::Delete,
+            revision + 1,
+            key.to_string(),
+            value.to_string(),
+        )
+    };
+    assert_eq!(
+        deletes,
+        [
+            deleted("h/a", "a2"),
+            deleted("h/b", "b2"),
+            deleted("h/d", "d2")
+        ]
+    );
+    let left = c
+        .get("h/", Some(GetOptions::new().with_prefix()))
+        .await
+        .unwrap();
+    let left: Vec<_> = left.kvs().iter().map(|kv| kv.key().to_vec()).collect();
+    assert_eq!(left, [b"h/c".to_vec()]);
+    let ttl = c
+        .lease_time_to_live(second, Some(LeaseTimeToLiveOptions::new().with_keys()))
+        .await
+        .unwrap();
+    assert_eq!(ttl.keys(), [b"h/c".to_vec()]);
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn keep_alive_answers_every_request_and_unknown_leases_with_zero() {
     let dir = tempfile::tempdir().unwrap();

@@ -15,8 +15,8 @@
 //! revision)` — for a batch's Puts and single-key Deletes in one query up front
 //! ([`Batch::prefetch`]). A Range op of the current revision is answered the same way, from the
 //! index and those values. New rows are buffered and inserted together ([`Batch::flush`])
-//! before anything reads the log with SQL (a Range op at an older revision, a lease's keys) and
-//! before the batch commits.
+//! before anything reads the log with SQL (a Range op at an older revision) and before the batch
+//! commits. A revoked lease's keys come from the index too.
 //!
 //! Every error a request can fail with is found before it writes anything to the database,
 //! except when a txn reads with a Range at an older revision after writing (its rows are
@@ -226,6 +226,16 @@ impl<'a> Batch<'a> {
     /// false), in key order.
     async fn live(&mut self, range: &KeyRange, with_values: bool) -> Result<Vec<KeyValue>> {
         Ok(self.live_first(range, with_values, None).await?.1)
+    }
+
+    /// The live keys attached to lease `id`, with their values, in key order.
+    async fn leased(&mut self, id: i64) -> Result<Vec<KeyValue>> {
+        let metas: Vec<(Vec<u8>, KeyMeta)> = self
+            .index
+            .leased(id)
+            .map(|(key, meta)| (key.to_vec(), *meta))
+            .collect();
+        self.kvs_of(metas, true).await
     }
 
     /// How many keys of a range exist, and the first `take` of them (all if `None`) as
@@ -585,13 +595,9 @@ impl<'e, 'a> TxnExec<'e, 'a> {
             return Err(Error::LeaseNotFound);
         }
         self.batch.lease_changed(id, false);
-        // The attached keys come from SQL (the index has no lease → keys map): it must see
-        // every row written so far.
-        self.batch.flush().await?;
-        let view = self.view();
-        let attached = self.batch.tx.lease_keys(id, view).await?;
-        for row in attached {
-            self.tombstone(&KeyValue::from_row(row));
+        // With their values: each deletion's event carries the value it ended.
+        for kv in self.batch.leased(id).await? {
+            self.tombstone(&kv);
         }
         Ok(())
     }
