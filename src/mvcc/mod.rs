@@ -316,6 +316,14 @@ impl Store {
                 options.read_cache_bytes,
                 options.read_history_changes,
             );
+            // The window of history starts full: the changes since the compact revision, as many
+            // as it holds (each revision has one change or more, so this many revisions back
+            // hold at least that many changes).
+            let window = i64::try_from(options.read_history_changes).unwrap_or(i64::MAX);
+            let after = start.compact.max(start.current.saturating_sub(window));
+            if after < start.current {
+                applied.remember_since(after, &snapshot.change_keys(after, start.current).await?);
+            }
             (start, KeyIndex::load(heads, start.current), applied)
         };
         release_freed_memory();

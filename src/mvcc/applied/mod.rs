@@ -25,7 +25,9 @@
 //!   or when this process compacts past it ([`Applied::forget_through`]), not for the bytes of
 //!   the values the changes replaced: past their share of the budget the oldest of those
 //!   values are dropped, and a read that needs one reads it by primary key, as it does a
-//!   current value the budget left out.
+//!   current value the budget left out. A process that starts takes the window from the log
+//!   ([`Applied::remember_since`]), so a restart does not send the reads of the last revisions
+//!   to SQL.
 //! - **Only durable revisions.** Its publishers hand over a batch only once it is durable, and
 //!   after the store published its revisions; so the index's revision is never above the store's
 //!   published current revision, and a read served at it never shows what a later read could
@@ -313,6 +315,45 @@ impl Applied {
                 broken: AtomicBool::new(false),
             }),
         }
+    }
+
+    /// Takes in, as its window of history, the changes of `(after, revision]` that made the
+    /// index's keys what they are (`rows`, in log order, values not needed), so that reads back
+    /// to `after` are answered from memory from the start, not only once this process has seen
+    /// changes go by. For a freshly loaded index only: it replaces the window.
+    ///
+    /// A row says what it replaced without the row before it: a change that created its key
+    /// replaced nothing live, and any other replaced the version before it, named by its
+    /// `prev_revision`, of the same generation (`create_revision`), one version lower for a put
+    /// (a deletion keeps the version the key had), with the lease in `old_lease`. The values
+    /// replaced are not held: a read that needs one reads it by primary key.
+    pub(crate) fn remember_since(&self, after: i64, rows: &[LogRow]) {
+        let mut state = self.write();
+        state.history = rows
+            .iter()
+            .map(|row| Change {
+                revision: row.revision,
+                key: row.key.clone(),
+                before: (!row.created && row.prev_revision > 0).then(|| Version {
+                    meta: KeyMeta {
+                        mod_revision: row.prev_revision,
+                        create_revision: row.create_revision,
+                        version: if row.deleted {
+                            row.version
+                        } else {
+                            row.version - 1
+                        },
+                        lease: row.old_lease,
+                        deleted: false,
+                    },
+                    value: None,
+                }),
+            })
+            .collect();
+        state.history_bytes = 0;
+        state.valued_from = state.history.len();
+        state.floor = after;
+        state.trim_history();
     }
 
     /// Replaces everything the index holds with the live keys among `heads` at `revision`, a

@@ -402,3 +402,103 @@ fn a_compaction_forgets_the_changes_it_compacted_past() {
     assert_eq!(applied.floor(), 10);
     assert_eq!(at(&applied, &all, 10).map(|v| v.len()), Some(2));
 }
+
+/// One change of a simulated log, with the bookkeeping columns a real row carries.
+fn change(
+    state: &mut BTreeMap<Vec<u8>, LogRow>,
+    key: &[u8],
+    revision: i64,
+    delete: bool,
+    lease: i64,
+) -> Option<LogRow> {
+    let before = state.get(key).filter(|row| !row.deleted).cloned();
+    if delete && before.is_none() {
+        return None;
+    }
+    let created = before.is_none();
+    let row = LogRow {
+        revision,
+        sub: 0,
+        key: key.to_vec(),
+        created: created && !delete,
+        deleted: delete,
+        create_revision: before.as_ref().map_or(revision, |b| b.create_revision),
+        prev_revision: state.get(key).map_or(0, |b| b.revision),
+        version: match (&before, delete) {
+            (Some(b), true) => b.version,
+            (Some(b), false) => b.version + 1,
+            (None, _) => 1,
+        },
+        lease: if delete { 0 } else { lease },
+        value: Vec::new(),
+        old_value: None,
+        old_lease: before.as_ref().map_or(0, |b| b.lease),
+    };
+    state.insert(key.to_vec(), row.clone());
+    Some(row)
+}
+
+#[test]
+fn a_window_taken_from_the_log_answers_as_one_that_saw_the_changes() {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+    // `seen` takes every change as it happens; `loaded` is loaded at the end from the newest
+    // rows and the changes since revision 300, as a process starting on that log would be.
+    let seen = Applied::load(&[], 1, 1 << 20, 10_000);
+    let mut state = BTreeMap::new();
+    let mut rows = Vec::new();
+    let mut revision = 1;
+    while revision < 1000 {
+        let key = vec![rng.random_range(b'a'..=b'h')];
+        let delete = rng.random_range(0..4) == 0;
+        let Some(row) = change(
+            &mut state,
+            &key,
+            revision + 1,
+            delete,
+            rng.random_range(0..3),
+        ) else {
+            continue;
+        };
+        assert!(apply(
+            &seen,
+            revision,
+            revision + 1,
+            std::slice::from_ref(&row)
+        ));
+        rows.push(row);
+        revision += 1;
+    }
+    let heads: Vec<LogRow> = state.values().cloned().collect();
+    let loaded = Applied::load(&heads, revision, 1 << 20, 10_000);
+    let since: Vec<LogRow> = rows.iter().filter(|r| r.revision > 300).cloned().collect();
+    loaded.remember_since(300, &since);
+    assert_eq!(loaded.floor(), 300);
+    let all = KeyRange::from_etcd(b"a".to_vec(), vec![0]);
+    let some = KeyRange::from_etcd(b"b".to_vec(), b"e".to_vec());
+    let metas = |applied: &Applied, range: &KeyRange, at: i64| {
+        let view = applied.view();
+        view.at(range, at).map(|(count, items)| {
+            let items: Vec<_> = items.map(|i| (i.key.to_vec(), i.meta)).collect();
+            (count, items)
+        })
+    };
+    for at in 300..=revision {
+        for range in [&all, &some] {
+            assert_eq!(
+                metas(&loaded, range, at),
+                metas(&seen, range, at),
+                "at {at}"
+            );
+        }
+    }
+    assert_eq!(metas(&loaded, &all, 299), None);
+    // A window smaller than the changes keeps the newest, its floor raised to match.
+    let small = Applied::load(&heads, revision, 1 << 20, 100);
+    small.remember_since(300, &since);
+    assert_eq!(small.floor(), revision - 100);
+    assert_eq!(
+        metas(&small, &all, revision - 100),
+        metas(&seen, &all, revision - 100)
+    );
+}
