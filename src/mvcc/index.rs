@@ -222,13 +222,11 @@ impl KeyIndex {
 
     /// Sets `key`'s metadata, keeping its lease entry in step; what it replaced.
     fn set(&mut self, key: Arc<[u8]>, meta: KeyMeta) -> Option<KeyMeta> {
-        self.attach(&key, &meta);
         let replaced = self.keys.insert(key.clone(), meta);
-        if let Some(old) = &replaced
-            && !(old.lease == meta.lease && !old.deleted && !meta.deleted)
-        {
+        if let Some(old) = &replaced {
             self.detach(&key, old);
         }
+        self.attach(&key, &meta);
         replaced
     }
 
