@@ -204,6 +204,44 @@ async fn grant_ids_ttls_and_errors_follow_etcd() {
     server.stop().await;
 }
 
+/// Revokes `lease` while watching `prefix` from `start` with prev_kv: the revision the
+/// revocation took, and each event it caused as (type, revision, and the previous key, value and
+/// lease).
+async fn revoke_watched(
+    c: &mut etcd_client::Client,
+    lease: i64,
+    prefix: &str,
+    start: i64,
+) -> (i64, Vec<(EventType, i64, Vec<u8>, Vec<u8>, i64)>) {
+    let options = etcd_client::WatchOptions::new()
+        .with_prefix()
+        .with_prev_key()
+        .with_start_revision(start);
+    let mut watch = c.watch(prefix, Some(options)).await.unwrap();
+    watch.message().await.unwrap();
+    let revoked = c.lease_revoke(lease).await.unwrap();
+    let r = tokio::time::timeout(WAIT, watch.message())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    let events = r
+        .events()
+        .iter()
+        .map(|e| {
+            let prev = e.prev_kv().unwrap();
+            (
+                e.event_type(),
+                e.kv().unwrap().mod_revision(),
+                prev.key().to_vec(),
+                prev.value().to_vec(),
+                prev.lease(),
+            )
+        })
+        .collect();
+    (revoked.header().unwrap().revision(), events)
+}
+
 #[tokio::test]
 async fn revoke_deletes_attached_keys_in_one_revision_with_delete_events() {
     let dir = tempfile::tempdir().unwrap();
@@ -225,38 +263,11 @@ async fn revoke_deletes_attached_keys_in_one_revision_with_delete_events() {
     assert_eq!(ttl.granted_ttl(), 600);
     assert!(ttl.ttl() > 590 && ttl.ttl() <= 600);
 
-    let mut watch = c
-        .watch(
-            "r/",
-            Some(
-                etcd_client::WatchOptions::new()
-                    .with_prefix()
-                    .with_prev_key()
-                    .with_start_revision(5),
-            ),
-        )
-        .await
-        .unwrap();
-    watch.message().await.unwrap();
-    let revoked = c.lease_revoke(lease).await.unwrap();
-    assert_eq!(revoked.header().unwrap().revision(), 5);
-    let r = tokio::time::timeout(WAIT, watch.message())
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
-    let deletes: Vec<_> = r
-        .events()
-        .iter()
-        .map(|e| {
-            let prev = e.prev_kv().unwrap();
-            (
-                e.event_type(),
-                e.kv().unwrap().mod_revision(),
-                prev.key().to_vec(),
-                prev.lease(),
-            )
-        })
+    let (revoked, deletes) = revoke_watched(&mut c, lease, "r/", 5).await;
+    assert_eq!(revoked, 5);
+    let deletes: Vec<_> = deletes
+        .into_iter()
+        .map(|(event, revision, key, _, lease)| (event, revision, key, lease))
         .collect();
     assert_eq!(
         deletes,
@@ -302,36 +313,12 @@ async fn revoke_deletes_the_keys_the_lease_holds_now() {
         .unwrap()
         .revision();
 
-    let mut watch = c
-        .watch(
-            "h/",
-            Some(
-                etcd_client::WatchOptions::new()
-                    .with_prefix()
-                    .with_prev_key()
-                    .with_start_revision(revision + 1),
-            ),
-        )
-        .await
-        .unwrap();
-    watch.message().await.unwrap();
-    c.lease_revoke(first).await.unwrap();
-    let r = tokio::time::timeout(WAIT, watch.message())
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
-    let deletes: Vec<_> = r
-        .events()
-        .iter()
-        .map(|e| {
-            let prev = e.prev_kv().unwrap();
-            (
-                e.event_type(),
-                e.kv().unwrap().mod_revision(),
-                String::from_utf8_lossy(prev.key()).into_owned(),
-                String::from_utf8_lossy(prev.value()).into_owned(),
-            )
+    let (_, deletes) = revoke_watched(&mut c, first, "h/", revision + 1).await;
+    let deletes: Vec<_> = deletes
+        .into_iter()
+        .map(|(event, revision, key, value, _)| {
+            let text = |b: Vec<u8>| String::from_utf8_lossy(&b).into_owned();
+            (event, revision, text(key), text(value))
         })
         .collect();
     let deleted = |key: &str, value: &str| {
