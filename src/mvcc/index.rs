@@ -67,6 +67,23 @@ impl KeyMeta {
         }
     }
 
+    /// The version `row` replaced, as the row itself records it: none when the row created its
+    /// key (a deletion never does); otherwise the version its `prev_revision` names, of the same generation, one version
+    /// lower for a put (a deletion's row keeps the version the key had), with `old_lease`.
+    pub fn replaced_by(row: &LogRow) -> Option<Self> {
+        (row.deleted || !row.created).then(|| Self {
+            mod_revision: row.prev_revision,
+            create_revision: row.create_revision,
+            version: if row.deleted {
+                row.version
+            } else {
+                row.version - 1
+            },
+            lease: row.old_lease,
+            deleted: false,
+        })
+    }
+
     /// The key as a client sees it, with `value` filled in by the caller if needed.
     pub fn to_kv(self, key: &[u8], value: Vec<u8>) -> KeyValue {
         KeyValue {

@@ -66,6 +66,7 @@ use crate::backend::{self, Backend, DbSize, LeaseRow, LogRow, ReadTxn, Revisions
 pub use applied::Applied;
 use compactor::run_compactor;
 use index::KeyIndex;
+pub(crate) use index::KeyMeta;
 use probe::RevisionProbe;
 use types::{
     DeleteRequest, DeleteResponse, LeaseOp, LeaseOutcome, Op, OpResponse, PutRequest, PutResponse,

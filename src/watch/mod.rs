@@ -62,7 +62,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::backend::{Backend, CommitNotice, LogRow, RangeEnd, Revisions};
 use crate::mvcc::types::{KeyRange, KeyValue};
-use crate::mvcc::{self, Store};
+use crate::mvcc::{self, KeyMeta, Store};
 
 /// Batches a stream may have queued before it is switched to catch-up from the log.
 pub const STREAM_QUEUE: usize = 256;
@@ -94,19 +94,9 @@ impl Event {
         // A change that replaced a version but has no old value could only come from a log
         // whose compaction removed that version (compaction keeps it for every change a watch
         // can replay): no prev_kv then, as etcd, rather than an empty one.
-        let prev_kv = |version| {
-            Some(KeyValue {
-                key: row.key.clone(),
-                create_revision: row.create_revision,
-                mod_revision: row.prev_revision,
-                version,
-                value: row.old_value.clone()?,
-                lease: row.old_lease,
-            })
-        };
+        let prev = KeyMeta::replaced_by(&row)
+            .and_then(|meta| Some(meta.to_kv(&row.key, row.old_value.clone()?)));
         if row.deleted {
-            // A tombstone's version column holds the version the key had when deleted.
-            let prev = prev_kv(row.version);
             Event {
                 kind: EventKind::Delete,
                 kv: KeyValue {
@@ -117,7 +107,6 @@ impl Event {
                 prev_kv: prev,
             }
         } else {
-            let prev = (!row.created).then(|| prev_kv(row.version - 1)).flatten();
             Event {
                 kind: EventKind::Put,
                 kv: KeyValue::from_row(row),

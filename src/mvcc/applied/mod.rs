@@ -322,11 +322,8 @@ impl Applied {
     /// to `after` are answered from memory from the start, not only once this process has seen
     /// changes go by. For a freshly loaded index only: it replaces the window.
     ///
-    /// A row says what it replaced without the row before it: a change that created its key
-    /// replaced nothing live, and any other replaced the version before it, named by its
-    /// `prev_revision`, of the same generation (`create_revision`), one version lower for a put
-    /// (a deletion keeps the version the key had), with the lease in `old_lease`. The values
-    /// replaced are not held: a read that needs one reads it by primary key.
+    /// A row says what it replaced without the row before it ([`KeyMeta::replaced_by`]). The
+    /// values replaced are not held: a read that needs one reads it by primary key.
     pub(crate) fn remember_since(&self, after: i64, rows: &[LogRow]) {
         let mut state = self.write();
         state.history = rows
@@ -334,20 +331,9 @@ impl Applied {
             .map(|row| Change {
                 revision: row.revision,
                 key: row.key.clone(),
-                before: (!row.created && row.prev_revision > 0).then(|| Version {
-                    meta: KeyMeta {
-                        mod_revision: row.prev_revision,
-                        create_revision: row.create_revision,
-                        version: if row.deleted {
-                            row.version
-                        } else {
-                            row.version - 1
-                        },
-                        lease: row.old_lease,
-                        deleted: false,
-                    },
-                    value: None,
-                }),
+                before: KeyMeta::replaced_by(row)
+                    .filter(|meta| meta.mod_revision > 0)
+                    .map(|meta| Version { meta, value: None }),
             })
             .collect();
         state.history_bytes = 0;
