@@ -80,6 +80,10 @@ struct Args {
     /// Leave the database in place at the end.
     #[arg(long)]
     keep: bool,
+    /// The server's `--read-history-changes` [its default]: how much of the log's history
+    /// the start takes into memory.
+    #[arg(long)]
+    read_history_changes: Option<usize>,
 }
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
@@ -145,7 +149,7 @@ async fn run(args: &Args, name: &str) -> Result<(), Error> {
         started.elapsed().as_secs_f64()
     );
 
-    let result = measure(&endpoint, &fixture, repeat, args.write_rate, write_seconds).await;
+    let result = measure(&endpoint, &fixture, repeat, args, write_seconds).await;
 
     if let Some(db) = database.filter(|_| !args.keep) {
         if name == "mysql" {
@@ -348,10 +352,14 @@ async fn measure(
     endpoint: &str,
     fixture: &Fixture,
     repeat: usize,
-    write_rate: u64,
+    args: &Args,
     write_seconds: u64,
 ) -> Result<(), Error> {
+    let write_rate = args.write_rate;
     let mut config = etcdsql::Config::defaults();
+    if let Some(changes) = args.read_history_changes {
+        config.read_history_changes = changes;
+    }
     config.listen_client_urls = vec!["http://127.0.0.1:0".into()];
     config.advertise_client_urls = Vec::new();
     config.endpoint = endpoint.to_owned();

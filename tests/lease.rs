@@ -313,6 +313,16 @@ async fn revoke_deletes_the_keys_the_lease_holds_now() {
         .unwrap()
         .revision();
 
+    // TimeToLive lists the same keys the revocation is about to delete, in key order.
+    let ttl = c
+        .lease_time_to_live(first, Some(LeaseTimeToLiveOptions::new().with_keys()))
+        .await
+        .unwrap();
+    assert_eq!(
+        ttl.keys(),
+        [b"h/a".to_vec(), b"h/b".to_vec(), b"h/d".to_vec()]
+    );
+
     let (_, deletes) = revoke_watched(&mut c, first, "h/", revision + 1).await;
     let deletes: Vec<_> = deletes
         .into_iter()
@@ -343,6 +353,15 @@ async fn revoke_deletes_the_keys_the_lease_holds_now() {
         .unwrap();
     let left: Vec<_> = left.kvs().iter().map(|kv| kv.key().to_vec()).collect();
     assert_eq!(left, [b"h/c".to_vec()]);
+    let ttl = c
+        .lease_time_to_live(second, Some(LeaseTimeToLiveOptions::new().with_keys()))
+        .await
+        .unwrap();
+    assert_eq!(ttl.keys(), [b"h/c".to_vec()]);
+    // A restarted server knows each lease's keys from the log.
+    server.stop().await;
+    let server = TestServer::start(dir.path()).await;
+    let mut c = server.client().await;
     let ttl = c
         .lease_time_to_live(second, Some(LeaseTimeToLiveOptions::new().with_keys()))
         .await

@@ -42,6 +42,7 @@ use std::sync::Arc;
 
 use crate::backend::{LogRow, RangeEnd};
 
+use super::leased::LeasedKeys;
 use super::types::{KeyRange, KeyValue};
 
 /// What the index knows about one key: its newest row, without the value.
@@ -112,7 +113,7 @@ pub(crate) struct KeyIndex {
     /// The same keys, in order.
     order: BTreeSet<Arc<[u8]>>,
     /// Each lease's live keys; a lease with none has no entry.
-    leased: HashMap<i64, BTreeSet<Arc<[u8]>>>,
+    leased: LeasedKeys,
     /// The log revision the committed part of the index describes.
     revision: i64,
     /// Tombstones in revision order, so pruning after physical compaction takes them from the
@@ -143,7 +144,7 @@ impl KeyIndex {
                 index.tombstones.push_back((row.revision, key.clone()));
             }
             let meta = KeyMeta::of(&row);
-            index.attach(&key, &meta);
+            index.leased.attach(&key, &meta);
             index.keys.insert(key, meta);
         }
         // Collecting sorts the keys and builds the set in bulk, not by a search per key.
@@ -204,46 +205,19 @@ impl KeyIndex {
 
     /// The live keys attached to `lease`, in key order.
     pub fn leased(&self, lease: i64) -> impl Iterator<Item = (&[u8], &KeyMeta)> + '_ {
-        self.leased
-            .get(&lease)
-            .into_iter()
-            .flatten()
-            .filter_map(|key| {
-                let meta = self.keys.get(key)?;
-                Some((&**key, meta))
-            })
-    }
-
-    /// Records `key` under its lease, if `meta` is live with one.
-    fn attach(&mut self, key: &Arc<[u8]>, meta: &KeyMeta) {
-        if !meta.deleted && meta.lease != 0 {
-            self.leased
-                .entry(meta.lease)
-                .or_default()
-                .insert(key.clone());
-        }
-    }
-
-    /// Takes `key` from under its lease, if `meta` had it there.
-    fn detach(&mut self, key: &[u8], meta: &KeyMeta) {
-        if meta.deleted || meta.lease == 0 {
-            return;
-        }
-        if let Some(keys) = self.leased.get_mut(&meta.lease) {
-            keys.remove(key);
-            if keys.is_empty() {
-                self.leased.remove(&meta.lease);
-            }
-        }
+        self.leased.keys(lease).filter_map(|key| {
+            let meta = self.keys.get(key)?;
+            Some((&**key, meta))
+        })
     }
 
     /// Sets `key`'s metadata, keeping its lease entry in step; what it replaced.
     fn set(&mut self, key: Arc<[u8]>, meta: KeyMeta) -> Option<KeyMeta> {
         let replaced = self.keys.insert(key.clone(), meta);
         if let Some(old) = &replaced {
-            self.detach(&key, old);
+            self.leased.detach(&key, old);
         }
-        self.attach(&key, &meta);
+        self.leased.attach(&key, &meta);
         replaced
     }
 
@@ -288,7 +262,7 @@ impl KeyIndex {
     /// Forgets `key` in both structures.
     fn forget(&mut self, key: &[u8]) {
         if let Some(meta) = self.keys.remove(key) {
-            self.detach(key, &meta);
+            self.leased.detach(key, &meta);
         }
         self.order.remove(key);
     }
@@ -511,7 +485,7 @@ mod tests {
         index.apply(&with_lease(put("e", 8, 8, 1), 8));
         assert!(leased(&index, 7).is_empty());
         assert!(
-            !index.leased.contains_key(&7),
+            index.leased.keys(7).next().is_none(),
             "an empty lease keeps no entry"
         );
         assert_eq!(
@@ -528,7 +502,7 @@ mod tests {
         index.commit(9);
         index.prune_tombstones(100);
         assert_eq!(leased(&index, 7), [("a".into(), 3)]);
-        assert_eq!(index.leased.len(), 1);
+        assert_eq!(index.leased.leases(), 1);
     }
 
     #[test]

@@ -48,6 +48,7 @@ pub mod compare;
 mod fence;
 mod hash;
 mod index;
+mod leased;
 mod probe;
 mod read;
 mod txn;
@@ -170,7 +171,7 @@ impl Default for StoreOptions {
     fn default() -> Self {
         Self {
             read_cache_bytes: 256 << 20,
-            read_history_changes: 16_384,
+            read_history_changes: 1_000_000,
             quota_backend_bytes: 0,
         }
     }
@@ -637,11 +638,13 @@ impl Store {
                 value: None,
             });
         };
-        let keys = if with_keys {
+        let keys = if !with_keys {
+            Vec::new()
+        } else if let Some(keys) = self.leased_from_memory(id, revision).await {
+            keys
+        } else {
             let rows = tx.lease_keys(id, revision).await?;
             rows.into_iter().map(|row| row.key).collect()
-        } else {
-            Vec::new()
         };
         Ok(Revisioned {
             revision,

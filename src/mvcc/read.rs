@@ -212,6 +212,20 @@ impl Store {
         Ok(Some(answer))
     }
 
+    /// The keys attached to `lease` at `revision`, from the applied index if it serves reads,
+    /// reaches `revision` soon and still has the history back to it.
+    pub(super) async fn leased_from_memory(
+        &self,
+        lease: i64,
+        revision: i64,
+    ) -> Option<Vec<Vec<u8>>> {
+        let applied = &self.inner.applied;
+        if !applied.serving() || !applied.reached(revision, APPLIED_WAIT).await {
+            return None;
+        }
+        applied.view().leased_at(lease, revision)
+    }
+
     /// What the applied index holds of a read of the current revision, or of revision `pinned`
     /// (within the index's window of history): the whole answer, or the keys with the values it
     /// has.

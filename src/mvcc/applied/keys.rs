@@ -111,14 +111,23 @@ impl Keys {
         self.entries[slot as usize].as_mut()
     }
 
+    /// `key`'s bytes in an allocation of their own, shared with the index's while it holds it.
+    pub fn shared(&self, key: &[u8]) -> Arc<[u8]> {
+        match self.slots.get_key_value(key) {
+            Some((held, _)) => held.clone(),
+            None => Arc::from(key),
+        }
+    }
+
     pub fn contains_key(&self, key: &[u8]) -> bool {
         self.slots.contains_key(key)
     }
 
-    /// Sets `key`'s entry; returns the one it replaces.
-    pub fn insert(&mut self, key: &[u8], entry: Entry) -> Option<Entry> {
-        if let Some(&slot) = self.slots.get(key) {
-            return self.entries[slot as usize].replace(entry);
+    /// Sets `key`'s entry; returns the key as the index holds it (so that others can share its
+    /// bytes) and the entry it replaces.
+    pub fn insert(&mut self, key: &[u8], entry: Entry) -> (Arc<[u8]>, Option<Entry>) {
+        if let Some((held, &slot)) = self.slots.get_key_value(key) {
+            return (held.clone(), self.entries[slot as usize].replace(entry));
         }
         let slot = match self.free.pop() {
             Some(slot) => {
@@ -137,15 +146,17 @@ impl Keys {
             key: OrderedKey::new(key.clone()),
             slot,
         });
-        self.slots.insert(key, slot);
-        None
+        self.slots.insert(key.clone(), slot);
+        (key, None)
     }
 
-    pub fn remove(&mut self, key: &[u8]) -> Option<Entry> {
-        let slot = self.slots.remove(key)?;
+    /// Removes `key`; returns the key's bytes as the index held them, and its entry.
+    pub fn remove(&mut self, key: &[u8]) -> Option<(Arc<[u8]>, Entry)> {
+        let (held, slot) = self.slots.remove_entry(key)?;
         self.order.remove(key);
         self.free.push(slot);
-        self.entries[slot as usize].take()
+        let entry = self.entries[slot as usize].take()?;
+        Some((held, entry))
     }
 
     /// The keys within `bounds`, with their entries, in key order.
@@ -185,15 +196,5 @@ impl Keys {
             Some(first) => self.order.rank_of(first.key.bytes()).unwrap_or(self.len()),
             None => self.len(),
         }
-    }
-}
-
-impl FromIterator<(Vec<u8>, Entry)> for Keys {
-    fn from_iter<I: IntoIterator<Item = (Vec<u8>, Entry)>>(items: I) -> Self {
-        let mut keys = Keys::new();
-        for (key, entry) in items {
-            keys.insert(&key, entry);
-        }
-        keys
     }
 }

@@ -28,6 +28,9 @@
 //!   current value the budget left out. A process that starts takes the window from the log
 //!   ([`Applied::remember_since`]), so a restart does not send the reads of the last revisions
 //!   to SQL.
+//! - **Each lease's keys.** The keys under each lease are kept beside the keys, changed with
+//!   them ([`LeasedKeys`]), so TimeToLive lists a lease's keys, now or at a revision in the
+//!   window, without SQL. A change in the window shares its key's bytes with the live keys.
 //! - **Only durable revisions.** Its publishers hand over a batch only once it is durable, and
 //!   after the store published its revisions; so the index's revision is never above the store's
 //!   published current revision, and a read served at it never shows what a later read could
@@ -53,6 +56,7 @@ use tokio::sync::watch;
 use crate::backend::{LogRow, RangeEnd};
 
 use super::index::KeyMeta;
+use super::leased::LeasedKeys;
 use super::types::{KeyRange, KeyValue};
 use keys::{Keys, Walk};
 
@@ -108,13 +112,17 @@ fn cost(value: &[u8]) -> usize {
     value.len() + VALUE_OVERHEAD
 }
 
-/// The live keys among `heads` (each key's newest row), with no values held.
-fn live_keys<'a>(heads: impl IntoIterator<Item = &'a LogRow>) -> Keys {
-    heads
-        .into_iter()
-        .filter(|row| !row.deleted)
-        .map(|row| (row.key.clone(), Entry::new(KeyMeta::of(row), None)))
-        .collect()
+/// The live keys among `heads` (each key's newest row), with no values held, and the keys
+/// under each lease.
+fn live_keys<'a>(heads: impl IntoIterator<Item = &'a LogRow>) -> (Keys, LeasedKeys) {
+    let mut keys = Keys::new();
+    let mut leased = LeasedKeys::default();
+    for row in heads.into_iter().filter(|row| !row.deleted) {
+        let meta = KeyMeta::of(row);
+        let (key, _) = keys.insert(&row.key, Entry::new(meta, None));
+        leased.attach(&key, &meta);
+    }
+    (keys, leased)
 }
 
 /// One version of a key as the index knew it.
@@ -126,7 +134,9 @@ struct Version {
 /// A change, with the version it replaced (`None`: the key did not exist).
 struct Change {
     revision: i64,
-    key: Vec<u8>,
+    /// The key's bytes, shared with the live keys while the key lives (an update in the window
+    /// costs no copy of its key).
+    key: Arc<[u8]>,
     before: Option<Version>,
 }
 
@@ -149,6 +159,8 @@ impl<'a> Item<'a> {
 
 struct State {
     keys: Keys,
+    /// The keys each lease holds, among `keys`.
+    leased: LeasedKeys,
     /// What the held values cost, by [`cost`].
     value_bytes: usize,
     budget: usize,
@@ -167,18 +179,47 @@ struct State {
 }
 
 impl State {
-    /// Records that `key` changes at `revision`, with the version it has until then.
-    fn remember(&mut self, revision: i64, key: &[u8]) {
-        let before = self.keys.get(key).map(|entry| Version {
-            meta: entry.meta,
-            value: entry.value.clone(),
-        });
-        if let Some(value) = before.as_ref().and_then(|v| v.value.as_ref()) {
-            self.history_bytes += cost(value);
+    /// Takes in a put of `key` at `revision`, remembering the version it replaces.
+    fn put(&mut self, revision: i64, key: &[u8], entry: Entry) {
+        if let Some(value) = &entry.value {
+            self.value_bytes += cost(value);
         }
+        let meta = entry.meta;
+        let (key, old) = self.keys.insert(key, entry);
+        if let Some(old) = &old {
+            self.leased.detach(&key, &old.meta);
+        }
+        self.leased.attach(&key, &meta);
+        self.replaced(revision, key, old);
+    }
+
+    /// Takes in the deletion of `key` at `revision`, remembering the version it ends.
+    fn delete(&mut self, revision: i64, key: &[u8]) {
+        match self.keys.remove(key) {
+            Some((key, old)) => {
+                self.leased.detach(&key, &old.meta);
+                self.replaced(revision, key, Some(old));
+            }
+            None => self.replaced(revision, Arc::from(key), None),
+        }
+    }
+
+    /// Records that the change at `revision` replaced `old` as `key`'s version (`None`: the
+    /// key did not exist). A value `old` held moves from the current values to the history's.
+    fn replaced(&mut self, revision: i64, key: Arc<[u8]>, old: Option<Entry>) {
+        let before = old.map(|old| {
+            if let Some(value) = &old.value {
+                self.value_bytes -= cost(value);
+                self.history_bytes += cost(value);
+            }
+            Version {
+                meta: old.meta,
+                value: old.value,
+            }
+        });
         self.history.push_back(Change {
             revision,
-            key: key.to_vec(),
+            key,
             before,
         });
     }
@@ -209,27 +250,6 @@ impl State {
         }
         self.valued_from = self.valued_from.saturating_sub(1);
         self.floor = self.floor.max(change.revision);
-    }
-
-    fn set(&mut self, key: Vec<u8>, entry: Entry) {
-        if let Some(value) = &entry.value {
-            self.value_bytes += cost(value);
-        }
-        if let Some(old) = self.keys.insert(&key, entry) {
-            self.release(&old);
-        }
-    }
-
-    fn remove(&mut self, key: &[u8]) {
-        if let Some(old) = self.keys.remove(key) {
-            self.release(&old);
-        }
-    }
-
-    fn release(&mut self, old: &Entry) {
-        if let Some(value) = &old.value {
-            self.value_bytes -= cost(value);
-        }
     }
 
     /// Whether a value of this size may be held at all: one larger than the whole budget
@@ -295,12 +315,13 @@ impl Applied {
         value_budget: usize,
         history: usize,
     ) -> Self {
-        let keys = live_keys(heads);
+        let (keys, leased) = live_keys(heads);
         let (revision_tx, _) = watch::channel(revision);
         Self {
             inner: Arc::new(Inner {
                 state: RwLock::new(State {
                     keys,
+                    leased,
                     value_bytes: 0,
                     budget: value_budget,
                     hand: None,
@@ -326,16 +347,17 @@ impl Applied {
     /// values replaced are not held: a read that needs one reads it by primary key.
     pub(crate) fn remember_since(&self, after: i64, rows: &[LogRow]) {
         let mut state = self.write();
-        state.history = rows
+        let history = rows
             .iter()
             .map(|row| Change {
                 revision: row.revision,
-                key: row.key.clone(),
+                key: state.keys.shared(&row.key),
                 before: KeyMeta::replaced_by(row)
                     .filter(|meta| meta.mod_revision > 0)
                     .map(|meta| Version { meta, value: None }),
             })
             .collect();
+        state.history = history;
         state.history_bytes = 0;
         state.valued_from = state.history.len();
         state.floor = after;
@@ -348,7 +370,7 @@ impl Applied {
     /// of history starts afresh at `revision`.
     pub(crate) fn reset<'a>(&self, heads: impl IntoIterator<Item = &'a LogRow>, revision: i64) {
         let mut state = self.write();
-        state.keys = live_keys(heads);
+        (state.keys, state.leased) = live_keys(heads);
         state.value_bytes = 0;
         state.hand = None;
         state.history.clear();
@@ -407,9 +429,8 @@ impl Applied {
             return false;
         }
         for (kv, deleted) in changes {
-            state.remember(kv.mod_revision, &kv.key);
             if deleted {
-                state.remove(&kv.key);
+                state.delete(kv.mod_revision, &kv.key);
                 continue;
             }
             let meta = KeyMeta {
@@ -422,7 +443,7 @@ impl Applied {
             let value = state
                 .admits(&kv.value)
                 .then(|| Arc::from(kv.value.as_slice()));
-            state.set(kv.key.clone(), Entry::new(meta, value));
+            state.put(kv.mod_revision, &kv.key, Entry::new(meta, value));
         }
         state.trim_history();
         state.evict();
@@ -553,8 +574,7 @@ impl View<'_> {
         let mut then: BTreeMap<&[u8], Option<&Version>> = BTreeMap::new();
         for change in history.range(later..) {
             if range.contains(&change.key) {
-                then.entry(change.key.as_slice())
-                    .or_insert(change.before.as_ref());
+                then.entry(&*change.key).or_insert(change.before.as_ref());
             }
         }
         let mut count = self.count(range);
@@ -566,6 +586,43 @@ impl View<'_> {
             then: then.into_iter().peekable(),
         };
         Some((count, Box::new(items)))
+    }
+
+    /// The keys attached to `lease` at `revision` (at or below the view's), in key order;
+    /// `None` if `revision` is below the floor or above the view.
+    pub fn leased_at(&self, lease: i64, revision: i64) -> Option<Vec<Vec<u8>>> {
+        if revision < self.state.floor || revision > self.revision {
+            return None;
+        }
+        if lease == 0 {
+            return Some(Vec::new());
+        }
+        let history = &self.state.history;
+        let later = history.partition_point(|change| change.revision <= revision);
+        // As in `at`: each key changed since is as its first later change found it.
+        let mut then: BTreeMap<&[u8], bool> = BTreeMap::new();
+        for change in history.range(later..) {
+            then.entry(&*change.key).or_insert_with(|| {
+                change
+                    .before
+                    .as_ref()
+                    .is_some_and(|version| version.meta.lease == lease)
+            });
+        }
+        let mut keys: Vec<Vec<u8>> = self
+            .state
+            .leased
+            .keys(lease)
+            .filter(|key| !then.contains_key(&***key))
+            .map(|key| key.to_vec())
+            .collect();
+        keys.extend(
+            then.into_iter()
+                .filter(|&(_, attached)| attached)
+                .map(|(key, _)| key.to_vec()),
+        );
+        keys.sort_unstable();
+        Some(keys)
     }
 
     /// How many live keys `range` holds, without visiting them.

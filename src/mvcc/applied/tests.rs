@@ -493,6 +493,33 @@ fn a_window_taken_from_the_log_answers_as_one_that_saw_the_changes() {
         }
     }
     assert_eq!(metas(&loaded, &all, 299), None);
+    // Each lease's keys at each revision: the live keys whose newest row then names it.
+    let leased_then = |lease: i64, at: i64| {
+        let mut newest = BTreeMap::new();
+        for row in rows.iter().take_while(|r| r.revision <= at) {
+            newest.insert(row.key.clone(), row);
+        }
+        newest
+            .into_iter()
+            .filter(|(_, row)| !row.deleted && row.lease == lease)
+            .map(|(key, _)| key)
+            .collect::<Vec<_>>()
+    };
+    let mut leased_seen = 0;
+    for at in 300..=revision {
+        for lease in 1..3 {
+            let expected = leased_then(lease, at);
+            leased_seen += expected.len();
+            assert_eq!(
+                loaded.view().leased_at(lease, at).as_ref(),
+                Some(&expected),
+                "lease {lease} at {at}"
+            );
+            assert_eq!(seen.view().leased_at(lease, at), Some(expected));
+        }
+    }
+    assert!(leased_seen > 1000, "{leased_seen}");
+    assert_eq!(loaded.view().leased_at(1, 299), None);
     // A window smaller than the changes keeps the newest, its floor raised to match.
     let small = Applied::load(&heads, revision, 1 << 20, 100);
     small.remember_since(300, &since);
