@@ -6,7 +6,8 @@
 //! - a single-key get, a 500-key page at the start and in the middle of the prefix, and a count
 //!   of the whole prefix, at the current revision;
 //! - the same reads at an older revision (a paginated list whose first page came before a burst
-//!   of writes), which read through the "replaced after R" index;
+//!   of writes): from memory while the revision is within the window of history
+//!   (`--read-history-changes`), else through the "replaced after R" index;
 //! - `--write-rate` updates per second for `--write-seconds`, while a compaction at the revision
 //!   before the burst deletes the whole older history and later compactions follow the writes:
 //!   write latency (p50, p99, max) during compaction, and whether compaction kept up.
@@ -478,6 +479,10 @@ async fn measure(
         &format!("{} in {} s", baseline.len(), quiet.as_secs()),
         &baseline,
     );
+    // A paginated list that began before those updates: memory answers it while its revision
+    // is within the window of history (`--read-history-changes`), SQL once it is older.
+    println!("\n| read (through gRPC) | p50 ms | max ms |\n|---|--:|--:|");
+    reads(pinned, "before the updates without compaction").await?;
 
     // More writes after `pinned`, then compaction at `pinned`: the whole older history goes.
     println!(

@@ -76,17 +76,12 @@ pub struct Config {
     /// How many recent changes the in-memory index can undo, so that reads at a revision it has
     /// passed (the later pages of a list, while writes go on) are answered from memory too;
     /// older revisions are read from the database. A compaction through this process forgets
-    /// the changes it compacted past. kube-apiserver compacts every 5 minutes to the revision of 5
-    /// minutes before, so up to 10 minutes of changes stay: the default reaches back to the
-    /// compact revision while writes stay below about 1,600 a second. Each
-    /// change costs about 100 bytes (its key is shared with the index while the key lives); the
-    /// old values it keeps share the read cache's budget (a quarter of it at most, the oldest
-    /// dropped first). 0 reads them all from the database.
-    #[arg(
-        long,
-        env = "ETCDSQL_READ_HISTORY_CHANGES",
-        default_value_t = 1_000_000
-    )]
+    /// the changes it compacted past. Each change costs about 100 bytes (a key written again
+    /// shares its bytes with the index); the old values it keeps share the read cache's budget
+    /// (a quarter of it at most, the oldest dropped first). A start takes the window from the
+    /// log, so a larger one starts slower on a log with that many changes since its compaction
+    /// (BENCHMARKS.md). 0 reads them all from the database.
+    #[arg(long, env = "ETCDSQL_READ_HISTORY_CHANGES", default_value_t = 16_384)]
     pub read_history_changes: usize,
 
     /// When the database grows past this many bytes, the NOSPACE alarm is raised and writes

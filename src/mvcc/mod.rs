@@ -171,7 +171,7 @@ impl Default for StoreOptions {
     fn default() -> Self {
         Self {
             read_cache_bytes: 256 << 20,
-            read_history_changes: 1_000_000,
+            read_history_changes: 16_384,
             quota_backend_bytes: 0,
         }
     }
