@@ -210,6 +210,10 @@ pub trait Session: Send + 'static {
     fn sql(&self) -> &'static Sql;
     /// Runs a statement and returns its rows.
     async fn fetch(&mut self, stmt: Stmt<'_>) -> Result<Vec<Self::Row>>;
+    /// Runs a statement whose columns are the log's ([`decode_row`]) and returns its rows.
+    async fn fetch_log_rows(&mut self, stmt: Stmt<'_>) -> Result<Vec<LogRow>> {
+        self.fetch(stmt).await?.iter().map(decode_row).collect()
+    }
     /// Runs a statement and returns how many rows it changed (or matched, for an UPDATE).
     async fn execute(&mut self, stmt: Stmt<'_>) -> Result<u64>;
     /// Runs a read whose answer the batch's append checks again under the writers' lock: a

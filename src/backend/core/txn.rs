@@ -2,7 +2,7 @@
 
 use async_trait::async_trait;
 
-use super::{Columns, Session, SqlTxn, Stmt, decode_revisions, decode_row, lease_rows};
+use super::{Columns, Session, SqlTxn, Stmt, decode_revisions, lease_rows};
 use crate::backend::{LeaseRow, LogRow, RangeEnd, ReadTxn, Result, Revisions, Scan, WriteTxn};
 
 impl<S: Session> SqlTxn<S> {
@@ -32,7 +32,7 @@ impl<S: Session> SqlTxn<S> {
     }
 
     async fn rows(&mut self, stmt: Stmt<'_>) -> Result<Vec<LogRow>> {
-        self.0.fetch(stmt).await?.iter().map(decode_row).collect()
+        self.0.fetch_log_rows(stmt).await
     }
 
     async fn leases_of(&mut self, stmt: Stmt<'_>) -> Result<Vec<LeaseRow>> {

@@ -41,6 +41,7 @@
 //! One etcdsql process owns the file: a second process writing the same file would be serialised
 //! by SQLite but its commits would not wake this process's watchers. Use PostgreSQL for several.
 
+mod raw;
 mod sql;
 mod vfs;
 
@@ -62,7 +63,7 @@ pub use sql::{count_query, scan_query};
 pub use vfs::wal_writes;
 
 use super::core::{Arg, Connector, Session, Sql, Stmt, bind_scalar, bound};
-use super::{Copied, DbSize, Error, Result};
+use super::{Copied, DbSize, Error, LogRow, Result};
 
 pub(super) static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
 
@@ -678,6 +679,11 @@ impl Session for SqliteTxn {
         self.send_pending().await?;
         let (sql, args) = bound(stmt, bind_scalar::<SqliteArguments>)?;
         Ok(sqlx::query_with(sql, args).fetch_all(self.conn()).await?)
+    }
+
+    async fn fetch_log_rows(&mut self, stmt: Stmt<'_>) -> Result<Vec<LogRow>> {
+        self.send_pending().await?;
+        raw::log_rows(self.conn(), &stmt).await
     }
 
     async fn execute(&mut self, stmt: Stmt<'_>) -> Result<u64> {
