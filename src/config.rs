@@ -80,7 +80,8 @@ pub struct Config {
     /// shares its bytes with the index); the old values it keeps share the read cache's budget
     /// (a quarter of it at most, the oldest dropped first). A start takes the window from the
     /// log, so a larger one starts slower on a log with that many changes since its compaction,
-    /// and a get far back undoes every change since (BENCHMARKS.md). 0 reads them all from the database.
+    /// and a get far back undoes every change since (BENCHMARKS.md). 0 reads them all from the
+    /// database.
     #[arg(long, env = "ETCDSQL_READ_HISTORY_CHANGES", default_value_t = 16_384)]
     pub read_history_changes: usize,
 

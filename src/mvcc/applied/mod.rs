@@ -568,15 +568,7 @@ impl View<'_> {
         if revision < self.state.floor || revision > self.revision {
             return None;
         }
-        let history = &self.state.history;
-        let later = history.partition_point(|change| change.revision <= revision);
-        // Each key changed since: its version then is what its first later change replaced.
-        let mut then: BTreeMap<&[u8], Option<&Version>> = BTreeMap::new();
-        for change in history.range(later..) {
-            if range.contains(&change.key) {
-                then.entry(&*change.key).or_insert(change.before.as_ref());
-            }
-        }
+        let then = self.changed_since(revision, |key| range.contains(key));
         let mut count = self.count(range);
         for (key, version) in &then {
             count += i64::from(version.is_some()) - i64::from(self.state.keys.contains_key(key));
@@ -588,6 +580,24 @@ impl View<'_> {
         Some((count, Box::new(items)))
     }
 
+    /// Each key `keep` takes that changed after `revision`, with its version then: what its
+    /// first later change replaced (`None`: it did not exist).
+    fn changed_since(
+        &self,
+        revision: i64,
+        keep: impl Fn(&[u8]) -> bool,
+    ) -> BTreeMap<&[u8], Option<&Version>> {
+        let history = &self.state.history;
+        let later = history.partition_point(|change| change.revision <= revision);
+        let mut then = BTreeMap::new();
+        for change in history.range(later..) {
+            if keep(&change.key) {
+                then.entry(&*change.key).or_insert(change.before.as_ref());
+            }
+        }
+        then
+    }
+
     /// The keys attached to `lease` at `revision` (at or below the view's), in key order;
     /// `None` if `revision` is below the floor or above the view.
     pub fn leased_at(&self, lease: i64, revision: i64) -> Option<Vec<Vec<u8>>> {
@@ -597,18 +607,7 @@ impl View<'_> {
         if lease == 0 {
             return Some(Vec::new());
         }
-        let history = &self.state.history;
-        let later = history.partition_point(|change| change.revision <= revision);
-        // As in `at`: each key changed since is as its first later change found it.
-        let mut then: BTreeMap<&[u8], bool> = BTreeMap::new();
-        for change in history.range(later..) {
-            then.entry(&*change.key).or_insert_with(|| {
-                change
-                    .before
-                    .as_ref()
-                    .is_some_and(|version| version.meta.lease == lease)
-            });
-        }
+        let then = self.changed_since(revision, |_| true);
         let mut keys: Vec<Vec<u8>> = self
             .state
             .leased
@@ -618,7 +617,7 @@ impl View<'_> {
             .collect();
         keys.extend(
             then.into_iter()
-                .filter(|&(_, attached)| attached)
+                .filter(|(_, version)| version.is_some_and(|v| v.meta.lease == lease))
                 .map(|(key, _)| key.to_vec()),
         );
         keys.sort_unstable();
