@@ -111,12 +111,10 @@ impl Keys {
         self.entries[slot as usize].as_mut()
     }
 
-    /// `key`'s bytes in an allocation of their own, shared with the index's while it holds it.
-    pub fn shared(&self, key: &[u8]) -> Arc<[u8]> {
-        match self.slots.get_key_value(key) {
-            Some((held, _)) => held.clone(),
-            None => Arc::from(key),
-        }
+    /// `key` as the index holds it (to share its bytes) and its entry.
+    pub fn shared_mut(&mut self, key: &[u8]) -> Option<(Arc<[u8]>, &mut Entry)> {
+        let (held, &slot) = self.slots.get_key_value(key)?;
+        Some((held.clone(), self.entries[slot as usize].as_mut()?))
     }
 
     pub fn contains_key(&self, key: &[u8]) -> bool {

@@ -28,6 +28,11 @@
 //!   current value the budget left out. A process that starts takes the window from the log
 //!   ([`Applied::remember_since`]), so a restart does not send the reads of the last revisions
 //!   to SQL.
+//! - **Each key's changes chained.** Every change in the window names the same key's previous
+//!   change, and a key's newest change is named by its live entry or, once deleted, by `gone`
+//!   (which holds exactly the keys whose newest change in the window deleted them). A get at a
+//!   past revision walks back through its key's own changes, as etcd's index walks a key's
+//!   revisions, not through every change since.
 //! - **Each lease's keys.** The keys under each lease are kept beside the keys, changed with
 //!   them ([`LeasedKeys`]), so TimeToLive lists a lease's keys, now or at a revision in the
 //!   window, without SQL. A change in the window shares its key's bytes with the live keys.
@@ -45,7 +50,7 @@
 //!   (logged): an index that might be wrong is never read.
 
 use std::cmp::Ordering as KeyOrder;
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::iter::Peekable;
 use std::ops::Bound;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -89,6 +94,8 @@ pub(crate) struct Entry {
     value: Option<Arc<[u8]>>,
     /// Set when a read takes the value; the clock hand clears it and spares the value once.
     referenced: AtomicBool,
+    /// The position of the key's newest change in the window (see [`Position`]).
+    last_change: Position,
 }
 
 impl Entry {
@@ -97,6 +104,7 @@ impl Entry {
             meta,
             value,
             referenced: AtomicBool::new(false),
+            last_change: NO_CHANGE,
         }
     }
 
@@ -131,6 +139,14 @@ struct Version {
     value: Option<Arc<[u8]>>,
 }
 
+/// Where a change is in the window: how many changes the index took in before it, counting
+/// from 1. A position below the oldest change's names a change the window has forgotten, so
+/// positions never need renumbering as the window moves; [`NO_CHANGE`] is below them all.
+type Position = u64;
+
+/// "No change of this key in the window."
+const NO_CHANGE: Position = 0;
+
 /// A change, with the version it replaced (`None`: the key did not exist).
 struct Change {
     revision: i64,
@@ -138,6 +154,11 @@ struct Change {
     /// costs no copy of its key).
     key: Arc<[u8]>,
     before: Option<Version>,
+    /// The same key's previous change, so a read of one key at a past revision walks back
+    /// through that key's changes only.
+    prev: Position,
+    /// The change deleted the key.
+    deleted: bool,
 }
 
 /// A key as a read sees it: its metadata, and its value if the index holds it.
@@ -176,37 +197,75 @@ struct State {
     history_limit: usize,
     /// The oldest revision reads can be taken back to: every change after it is in `history`.
     floor: i64,
+    /// The position of `history`'s first change.
+    first_position: Position,
+    /// The keys that are not live and whose newest change is in the window (a deletion), with
+    /// its position: where a read of such a key at a past revision starts its walk back.
+    gone: HashMap<Arc<[u8]>, Position>,
 }
 
 impl State {
+    /// The position the next change takes.
+    fn next_position(&self) -> Position {
+        self.first_position + self.history.len() as Position
+    }
+
+    /// The change at `position`, if the window holds it.
+    fn change_at(&self, position: Position) -> Option<&Change> {
+        let index = position.checked_sub(self.first_position)?;
+        self.history.get(usize::try_from(index).ok()?)
+    }
+
     /// Takes in a put of `key` at `revision`, remembering the version it replaces.
-    fn put(&mut self, revision: i64, key: &[u8], entry: Entry) {
+    fn put(&mut self, revision: i64, key: &[u8], mut entry: Entry) {
         if let Some(value) = &entry.value {
             self.value_bytes += cost(value);
         }
         let meta = entry.meta;
+        entry.last_change = self.next_position();
         let (key, old) = self.keys.insert(key, entry);
-        if let Some(old) = &old {
-            self.leased.detach(&key, &old.meta);
-        }
+        let prev = match &old {
+            Some(old) => {
+                self.leased.detach(&key, &old.meta);
+                old.last_change
+            }
+            // Created: deleted earlier in the window, or not changed in it at all.
+            None if self.gone.is_empty() => NO_CHANGE,
+            None => self.gone.remove(&key).unwrap_or(NO_CHANGE),
+        };
         self.leased.attach(&key, &meta);
-        self.replaced(revision, key, old);
+        self.replaced(revision, key, old, prev, false);
     }
 
     /// Takes in the deletion of `key` at `revision`, remembering the version it ends.
     fn delete(&mut self, revision: i64, key: &[u8]) {
+        let position = self.next_position();
         match self.keys.remove(key) {
             Some((key, old)) => {
                 self.leased.detach(&key, &old.meta);
-                self.replaced(revision, key, Some(old));
+                let prev = old.last_change;
+                self.gone.insert(key.clone(), position);
+                self.replaced(revision, key, Some(old), prev, true);
             }
-            None => self.replaced(revision, Arc::from(key), None),
+            None => {
+                let key = Arc::<[u8]>::from(key);
+                let prev = self.gone.insert(key.clone(), position);
+                self.replaced(revision, key, None, prev.unwrap_or(NO_CHANGE), true);
+            }
         }
     }
 
     /// Records that the change at `revision` replaced `old` as `key`'s version (`None`: the
-    /// key did not exist). A value `old` held moves from the current values to the history's.
-    fn replaced(&mut self, revision: i64, key: Arc<[u8]>, old: Option<Entry>) {
+    /// key did not exist), following the key's change at `prev`. A value `old` held moves from
+    /// the current values to the history's.
+    fn replaced(
+        &mut self,
+        revision: i64,
+        key: Arc<[u8]>,
+        old: Option<Entry>,
+        prev: Position,
+        deleted: bool,
+    ) {
         let before = old.map(|old| {
             if let Some(value) = &old.value {
                 self.value_bytes -= cost(value);
@@ -221,6 +280,8 @@ impl State {
             revision,
             key,
             before,
+            prev,
+            deleted,
         });
     }
 
@@ -245,11 +306,43 @@ impl State {
         let Some(change) = self.history.pop_front() else {
             return;
         };
+        let position = self.first_position;
+        self.first_position += 1;
         if let Some(value) = change.before.as_ref().and_then(|v| v.value.as_ref()) {
             self.history_bytes -= cost(value);
         }
+        if change.deleted && self.gone.get(&change.key) == Some(&position) {
+            self.gone.remove(&change.key);
+        }
         self.valued_from = self.valued_from.saturating_sub(1);
         self.floor = self.floor.max(change.revision);
+    }
+
+    /// `key` as it was at `revision` (in the window): `None` if it did not exist. It walks
+    /// back from the key's newest change through its own changes only.
+    fn key_at<'a>(&'a self, key: &[u8], revision: i64) -> Option<Item<'a>> {
+        let live = self.keys.get_key_value(key);
+        let mut position = match live {
+            Some((_, entry)) => entry.last_change,
+            None => *self.gone.get(key)?,
+        };
+        // The version the first change after `revision` replaced; unchanged since: the live one.
+        let mut then = None;
+        while let Some(change) = self.change_at(position)
+            && change.revision > revision
+        {
+            debug_assert_eq!(&*change.key, key, "a key's chain holds its own changes");
+            then = Some((&*change.key, change.before.as_ref()));
+            position = change.prev;
+        }
+        match then {
+            None => live.map(|(key, entry)| Item::now(key, entry)),
+            Some((key, version)) => version.map(|version| Item {
+                key,
+                meta: version.meta,
+                value: version.value.as_ref(),
+            }),
+        }
     }
 
     /// Whether a value of this size may be held at all: one larger than the whole budget
@@ -330,6 +423,8 @@ impl Applied {
                     valued_from: 0,
                     history_limit: history,
                     floor: revision,
+                    first_position: NO_CHANGE + 1,
+                    gone: HashMap::new(),
                 }),
                 revision: revision_tx,
                 fed: AtomicBool::new(false),
@@ -347,15 +442,38 @@ impl Applied {
     /// values replaced are not held: a read that needs one reads it by primary key.
     pub(crate) fn remember_since(&self, after: i64, rows: &[LogRow]) {
         let mut state = self.write();
-        let history = rows
-            .iter()
-            .map(|row| Change {
+        let state = &mut *state;
+        // Positions after any the index gave out before, so no entry names one of these.
+        state.first_position += state.history.len() as Position;
+        // A live key's entry keeps its newest change so far; other keys are kept here.
+        let mut not_live: HashMap<Arc<[u8]>, (Position, bool)> = HashMap::new();
+        let mut history = VecDeque::with_capacity(rows.len());
+        for (position, row) in (state.first_position..).zip(rows) {
+            let (key, prev) = match state.keys.shared_mut(&row.key) {
+                Some((key, entry)) => (key, std::mem::replace(&mut entry.last_change, position)),
+                None => {
+                    let key = match not_live.get_key_value(&*row.key) {
+                        Some((key, _)) => key.clone(),
+                        None => Arc::from(&*row.key),
+                    };
+                    let prev = not_live.insert(key.clone(), (position, row.deleted));
+                    (key, prev.map_or(NO_CHANGE, |(position, _)| position))
+                }
+            };
+            history.push_back(Change {
                 revision: row.revision,
-                key: state.keys.shared(&row.key),
+                key,
                 before: KeyMeta::replaced_by(row)
                     .filter(|meta| meta.mod_revision > 0)
                     .map(|meta| Version { meta, value: None }),
-            })
+                prev,
+                deleted: row.deleted,
+            });
+        }
+        state.gone = not_live
+            .into_iter()
+            .filter(|(_, (_, deleted))| *deleted)
+            .map(|(key, (position, _))| (key, position))
             .collect();
         state.history = history;
         state.history_bytes = 0;
@@ -373,7 +491,9 @@ impl Applied {
         (state.keys, state.leased) = live_keys(heads);
         state.value_bytes = 0;
         state.hand = None;
+        state.first_position += state.history.len() as Position;
         state.history.clear();
+        state.gone.clear();
         state.history_bytes = 0;
         state.valued_from = 0;
         state.floor = revision;
@@ -567,6 +687,10 @@ impl View<'_> {
         }
         if revision < self.state.floor || revision > self.revision {
             return None;
+        }
+        if range.end == RangeEnd::Single {
+            let found = self.state.key_at(&range.key, revision);
+            return Some((i64::from(found.is_some()), Box::new(found.into_iter())));
         }
         let then = self.changed_since(revision, |key| range.contains(key));
         let mut count = self.count(range);

@@ -306,6 +306,10 @@ fn counts_and_past_revisions_match_a_model() {
                 None => assert!(past < view.state.floor, "{past} is above the floor"),
             }
         }
+        drop(view);
+        if revision % 97 == 0 {
+            assert_chains_hold(&applied);
+        }
     }
     // The window moved on: the floor rose, and reads above it were answered.
     assert!(applied.floor() > 1500, "floor {}", applied.floor());
@@ -390,6 +394,7 @@ fn a_compaction_forgets_the_changes_it_compacted_past() {
     let all = KeyRange::from_etcd(b"a".to_vec(), b"c".to_vec());
     let before = at(&applied, &all, 6);
     applied.forget_through(6);
+    assert_chains_hold(&applied);
     assert_eq!(applied.floor(), 6);
     assert_eq!(at(&applied, &all, 5), None);
     assert_eq!(at(&applied, &all, 6), before);
@@ -483,16 +488,19 @@ fn a_window_taken_from_the_log_answers_as_one_that_saw_the_changes() {
             (count, items)
         })
     };
+    let singles: Vec<KeyRange> = (b'a'..=b'i').map(|k| KeyRange::single(vec![k])).collect();
     for at in 300..=revision {
-        for range in [&all, &some] {
+        for range in [&all, &some].into_iter().chain(&singles) {
             assert_eq!(
                 metas(&loaded, range, at),
                 metas(&seen, range, at),
-                "at {at}"
+                "{range:?} at {at}"
             );
         }
     }
     assert_eq!(metas(&loaded, &all, 299), None);
+    assert_chains_hold(&loaded);
+    assert_chains_hold(&seen);
     // Each lease's keys at each revision: the live keys whose newest row then names it.
     let leased_then = |lease: i64, at: i64| {
         let mut newest = BTreeMap::new();
@@ -524,8 +532,48 @@ fn a_window_taken_from_the_log_answers_as_one_that_saw_the_changes() {
     let small = Applied::load(&heads, revision, 1 << 20, 100);
     small.remember_since(300, &since);
     assert_eq!(small.floor(), revision - 100);
-    assert_eq!(
-        metas(&small, &all, revision - 100),
-        metas(&seen, &all, revision - 100)
-    );
+    for range in [&all].into_iter().chain(&singles) {
+        assert_eq!(
+            metas(&small, range, revision - 100),
+            metas(&seen, range, revision - 100),
+            "{range:?}"
+        );
+    }
+    assert_chains_hold(&small);
+}
+
+/// Every key's changes in the window are chained newest to oldest, from its live entry or,
+/// for a key whose newest change deleted it, from `gone`, which holds exactly those keys.
+fn assert_chains_hold(applied: &Applied) {
+    let view = applied.view();
+    let state = &view.state;
+    let mut newest: BTreeMap<&[u8], Position> = BTreeMap::new();
+    let mut chained = 0;
+    for (i, change) in state.history.iter().enumerate() {
+        let position = state.first_position + i as Position;
+        let prev = newest.insert(&change.key, position);
+        let expected = prev.unwrap_or(NO_CHANGE);
+        // A change whose predecessor left the window may name it or nothing.
+        if expected != NO_CHANGE || change.prev >= state.first_position {
+            assert_eq!(change.prev, expected, "change at {position}");
+        }
+        chained += usize::from(prev.is_some());
+    }
+    let mut gone = BTreeMap::new();
+    for (key, position) in newest {
+        match state.keys.get(key) {
+            Some(entry) => assert_eq!(entry.last_change, position, "{key:?}"),
+            None => {
+                assert!(
+                    state.change_at(position).is_some_and(|c| c.deleted),
+                    "{key:?}"
+                );
+                gone.insert(key.to_vec(), position);
+            }
+        }
+    }
+    let held: BTreeMap<Vec<u8>, Position> =
+        state.gone.iter().map(|(k, p)| (k.to_vec(), *p)).collect();
+    assert_eq!(held, gone);
+    assert!(chained > 0 || state.history.len() < 2);
 }
