@@ -24,8 +24,9 @@
 //!
 //! The fixture is written with bulk SQL rather than through the API (5,000,000 writes through
 //! the API would take most of an hour); it follows the log's rules exactly: each key's versions
-//! chain through `prev_revision` and what records their replacement (`superseded_by` on MySQL,
-//! `kv_head` and `kv_replaced` elsewhere), and the current revision is the last row's.
+//! chain through `prev_revision` and what records their replacement where the backend keeps it
+//! apart (`superseded_by` on MySQL, `kv_head` and `kv_replaced` on PostgreSQL; SQLite keeps the
+//! log alone), and the current revision is the last row's.
 //! PostgreSQL gets `VACUUM ANALYZE` after the load, as autovacuum would give a long-lived table.
 
 use std::path::PathBuf;
@@ -216,22 +217,7 @@ impl Fixture {
                 .execute(&pool)
                 .await?;
             }
-            // SQLite keeps which row replaced which in tables of its own: each row but the
-            // first version is replaced by the next round's, and the last round's are newest.
-            sqlx::query(
-                "INSERT INTO kv_replaced (superseded_by, name, revision, deleted) \
-                 SELECT revision, name, prev_revision, 0 FROM kv_log WHERE prev_revision > 0",
-            )
-            .execute(&pool)
-            .await?;
-            sqlx::query(
-                "INSERT INTO kv_head (name, revision, deleted) \
-                 SELECT name, revision, 0 FROM kv_log WHERE revision > ?1 - ?2",
-            )
-            .bind(current)
-            .bind(self.keys)
-            .execute(&pool)
-            .await?;
+            // SQLite keeps the log alone: the rows' prev_revision says what replaced what.
             sqlx::query("UPDATE meta SET value = ?1 WHERE name = 'current_revision'")
                 .bind(current)
                 .execute(&pool)
@@ -358,8 +344,8 @@ async fn measure(
 ) -> Result<(), Error> {
     let write_rate = args.write_rate;
     let mut config = etcdsql::Config::defaults();
-    if let Some(changes) = args.read_history_changes {
-        config.read_history_changes = changes;
+    if args.read_history_changes.is_some() {
+        config.read_history_changes = args.read_history_changes;
     }
     config.listen_client_urls = vec!["http://127.0.0.1:0".into()];
     config.advertise_client_urls = Vec::new();

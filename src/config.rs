@@ -79,11 +79,10 @@ pub struct Config {
     /// the changes it compacted past. Each change costs about 100 bytes (a key written again
     /// shares its bytes with the index); the old values it keeps share the read cache's budget
     /// (a quarter of it at most, the oldest dropped first). A start takes the window from the
-    /// log, so a larger one starts slower on a log with that many changes since its compaction,
-    /// and a get far back undoes every change since (BENCHMARKS.md). 0 reads them all from the
-    /// database.
-    #[arg(long, env = "ETCDSQL_READ_HISTORY_CHANGES", default_value_t = 16_384)]
-    pub read_history_changes: usize,
+    /// log. Default: 1,048,576 on SQLite, which keeps the log alone and reads by key slowly
+    /// without the index; 16,384 on PostgreSQL and MySQL. 0 reads them all from the database.
+    #[arg(long, env = "ETCDSQL_READ_HISTORY_CHANGES")]
+    pub read_history_changes: Option<usize>,
 
     /// When the database grows past this many bytes, the NOSPACE alarm is raised and writes
     /// that add data fail until it is disarmed, as in etcd. 0 is etcd's default, 2 GiB;

@@ -153,7 +153,8 @@ const UNARY: (&str, &str) = ("grpc_type", "unary");
 async fn etcd_names_are_exposed_and_move_with_traffic() {
     let dir = tempfile::tempdir().unwrap();
     // No history in memory: reads of older revisions go to SQL, whose timings are checked.
-    let server = TestServer::start_with(dir.path(), |config| config.read_history_changes = 0).await;
+    let server =
+        TestServer::start_with(dir.path(), |config| config.read_history_changes = Some(0)).await;
     let (content_type, before) = scrape_url(&server.url()).await;
     assert!(
         content_type.starts_with("application/openmetrics-text"),

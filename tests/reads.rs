@@ -172,7 +172,7 @@ async fn compare_reads(read_cache_bytes: Option<usize>, history: usize) {
         if let Some(bytes) = read_cache_bytes {
             config.read_cache_bytes = bytes;
         }
-        config.read_history_changes = history;
+        config.read_history_changes = Some(history);
     })
     .await;
     let stop = Arc::new(AtomicBool::new(false));
@@ -269,7 +269,7 @@ async fn reads_at_past_revisions_come_from_memory_within_the_history() {
     const HISTORY: usize = 20;
     let dir = tempfile::tempdir().unwrap();
     let server = TestServer::start_with(dir.path(), |config| {
-        config.read_history_changes = HISTORY;
+        config.read_history_changes = Some(HISTORY);
     })
     .await;
     let mut c = server.client().await;

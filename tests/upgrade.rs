@@ -3,7 +3,8 @@
 //! written after carry neither. Reads at old revisions and watches with prev_kv see both kinds.
 //! Migration 0007 moves which row replaced which out of the rows into tables of their own;
 //! compaction and `etcdsql check` then work on what it moved. PostgreSQL's migration 0006 does
-//! the same for a PostgreSQL database.
+//! the same for a PostgreSQL database. SQLite's migration 0008 drops those tables again: the
+//! log alone says it, and a database the previous release had moved to them keeps working.
 //! A database keeps the page size it was created with (4 KiB before), while new ones get 1 KiB.
 
 mod common;
@@ -58,29 +59,33 @@ macro_rules! old_store {
     }};
 }
 
+/// SQLite's migrations up to 0006, when every row recorded its replacement in place
+/// (`superseded_by`).
+const SQLITE_TO_0006: [&str; 6] = [
+    "0001_log.sql",
+    "0002_leases.sql",
+    "0003_superseded.sql",
+    "0004_heads.sql",
+    "0005_auth.sql",
+    "0006_fence.sql",
+];
+
 #[tokio::test]
 async fn a_database_from_before_migration_0004_reads_and_watches_as_written() {
     // Rows then carried their old value and were indexed by name.
-    sqlite_reads_and_watches_as_written(&[
-        "0001_log.sql",
-        "0002_leases.sql",
-        "0003_superseded.sql",
-    ])
-    .await;
+    sqlite_reads_and_watches_as_written(&SQLITE_TO_0006[..3], &[]).await;
 }
 
 #[tokio::test]
 async fn a_database_from_before_migration_0007_reads_and_watches_as_written() {
-    // The previous release: every row recorded its replacement in place (`superseded_by`).
-    sqlite_reads_and_watches_as_written(&[
-        "0001_log.sql",
-        "0002_leases.sql",
-        "0003_superseded.sql",
-        "0004_heads.sql",
-        "0005_auth.sql",
-        "0006_fence.sql",
-    ])
-    .await;
+    sqlite_reads_and_watches_as_written(&SQLITE_TO_0006, &[]).await;
+}
+
+#[tokio::test]
+async fn a_database_from_before_migration_0008_reads_and_watches_as_written() {
+    // The previous release: its start moved the replacements into kv_head and kv_replaced.
+    sqlite_reads_and_watches_as_written(&SQLITE_TO_0006, &["0007_head_and_replaced_tables.sql"])
+        .await;
 }
 
 #[tokio::test]
@@ -142,9 +147,10 @@ fn older_migrations(dir: &std::path::Path, backend: &str, names: &[&str]) -> std
 }
 
 /// A SQLite database as the server left it after `migrations`, applied by sqlx so that the
-/// server recognises them, with rows as that server wrote them: see
-/// [`reads_and_watches_as_written`]. It also keeps its page size.
-async fn sqlite_reads_and_watches_as_written(migrations: &[&str]) {
+/// server recognises them, with rows as that server wrote them, and then migrated by `then`
+/// as a later release did on its start: see [`reads_and_watches_as_written`]. It also keeps
+/// its page size.
+async fn sqlite_reads_and_watches_as_written(migrations: &[&str], then: &[&str]) {
     if shared_database() {
         return; // MySQL's schema did not change this way; PostgreSQL has its own test.
     }
@@ -165,6 +171,19 @@ async fn sqlite_reads_and_watches_as_written(migrations: &[&str]) {
              {OLD_ROWS})"
         )
     );
+    if !then.is_empty() {
+        let later_dir = dir.path().join("later");
+        std::fs::create_dir(&later_dir).unwrap();
+        let later = older_migrations(&later_dir, "sqlite", &[migrations, then].concat());
+        let pool = sqlx::SqlitePool::connect(&url).await.unwrap();
+        sqlx::migrate::Migrator::new(later.as_path())
+            .await
+            .unwrap()
+            .run(&pool)
+            .await
+            .unwrap();
+        pool.close().await;
+    }
     reads_and_watches_as_written(dir.path(), &url).await;
     assert_eq!(
         page_size(&url).await,
@@ -214,7 +233,7 @@ async fn reads_and_watches_as_written(dir: &std::path::Path, url: &str) {
     .map(owned)
     .collect();
     assert_eq!(events(&mut stream, want.len()).await, want);
-    // A range at each old revision, through the SQL path (nothing of it is in memory).
+    // A range at each old revision (from the window of history the start read from the log).
     for (revision, want) in [
         (2, vec!["a1"]),
         (4, vec![]),

@@ -81,22 +81,21 @@ const SELECT_LOG_POSTGRES: &str = "SELECT k.revision, k.sub, k.name, k.created, 
      (SELECT s.revision FROM kv_log AS s WHERE s.name = k.name AND s.revision > k.revision \
       ORDER BY s.revision LIMIT 1) AS superseded_by FROM kv_log AS k \
      WHERE (k.revision, k.sub) > (?, ?) ORDER BY k.revision, k.sub LIMIT ?";
-/// SQLite's `kv_replaced` is keyed by the replacing revision; a copy in the log's order lets
-/// each chunk of the log find its rows' successors by key. A temporary table: the source file
-/// is left as it is.
+/// SQLite keeps the log alone: each row names the row it replaced (`prev_revision`). Those
+/// names turned around, in the log's order, let each chunk of the log find its rows'
+/// successors by key. A temporary table: the source file is left as it is.
 const INDEX_SUCCESSORS: [&str; 2] = [
     "CREATE TEMP TABLE successor (revision INTEGER NOT NULL, name BLOB NOT NULL, \
      superseded_by INTEGER NOT NULL, PRIMARY KEY (revision, name)) WITHOUT ROWID",
     "INSERT INTO temp.successor (revision, name, superseded_by) \
-     SELECT revision, name, superseded_by FROM kv_replaced",
+     SELECT prev_revision, name, revision FROM kv_log WHERE prev_revision > 0",
 ];
 const INSERT_LOG: &str = "INSERT INTO kv_log (revision, sub, name, created, deleted, \
      create_revision, prev_revision, version, lease, value, old_value, old_lease, superseded_by) ";
-const INSERT_LOG_TABLES: &str = "INSERT INTO kv_log (revision, sub, name, created, deleted, \
+const INSERT_LOG_ONLY: &str = "INSERT INTO kv_log (revision, sub, name, created, deleted, \
      create_revision, prev_revision, version, lease, value, old_value, old_lease) ";
-pub(super) const INSERT_HEADS: &str = "INSERT INTO kv_head (name, revision, deleted) ";
-pub(super) const INSERT_REPLACED: &str =
-    "INSERT INTO kv_replaced (superseded_by, name, revision, deleted) ";
+const INSERT_HEADS: &str = "INSERT INTO kv_head (name, revision, deleted) ";
+const INSERT_REPLACED: &str = "INSERT INTO kv_replaced (superseded_by, name, revision, deleted) ";
 const SELECT_LEASES: &str = "SELECT id, ttl, expires_at FROM leases ORDER BY id";
 const INSERT_LEASES: &str = "INSERT INTO leases (id, ttl, expires_at) ";
 /// Alarms describe the old store's disk, not the data: they stay behind.
@@ -155,23 +154,43 @@ fn anonymous(sql: &'static str) -> AssertSqlSafe<Cow<'static, str>> {
     AssertSqlSafe(Cow::Borrowed(sql))
 }
 
-/// [`table_bookkeeping`] where the target keeps it in tables (`true`); nothing where its rows
-/// say what replaced them (`false`).
+/// How the target records which row replaced which ([`crate::backend::core::Bookkeeping`]):
+/// `in_row` (`superseded_by`, MySQL), `tables` (`kv_head` and `kv_replaced`, PostgreSQL) or
+/// `log_only` (the rows' `prev_revision` alone, SQLite): the log's INSERT, and what follows
+/// each chunk of it.
+macro_rules! insert_log {
+    (in_row) => {
+        INSERT_LOG
+    };
+    (tables) => {
+        INSERT_LOG_ONLY
+    };
+    (log_only) => {
+        INSERT_LOG_ONLY
+    };
+}
+
+macro_rules! superseded_column {
+    (in_row, $row:expr, $r:expr) => {
+        $row.push_bind($r.superseded_by);
+    };
+    ($layout:tt, $row:expr, $r:expr) => {};
+}
+
 macro_rules! bookkeeping {
-    (true, $db:ty, $chunk:expr, $to:expr) => {
+    (tables, $db:ty, $chunk:expr, $to:expr) => {
         table_bookkeeping!($db, $chunk, $to)
     };
-    (false, $db:ty, $chunk:expr, $to:expr) => {};
+    ($layout:tt, $db:ty, $chunk:expr, $to:expr) => {};
 }
 
 /// One typed copy loop per direction: `$from_sql` and `$to_sql` spell the statements for the
-/// source and the target, `$select_log` reads the source's log, `$to_sqlite` (`true` or
-/// `false`) says whether the target keeps `kv_head` and `kv_replaced` rather than
-/// `superseded_by`, and `$upsert` is the target's upsert of a meta row.
+/// source and the target, `$select_log` reads the source's log, `$layout` is the target's
+/// (see [`insert_log`]), and `$upsert` is the target's upsert of a meta row.
 macro_rules! copy_all {
     (
         $from:expr, $from_sql:expr, $select_log:expr,
-        $to:expr, $to_db:ty, $to_sql:expr, $to_tables:tt, $upsert:expr, $copied:expr
+        $to:expr, $to_db:ty, $to_sql:expr, $layout:tt, $upsert:expr, $copied:expr
     ) => {{
         let (from, to) = ($from, $to);
         let mut after = (0_i64, -1_i64);
@@ -186,11 +205,7 @@ macro_rules! copy_all {
             let Some(last) = rows.last() else { break };
             after = (last.revision, last.sub);
             for chunk in rows.chunks(CHUNK) {
-                let mut insert = QueryBuilder::<$to_db>::new(if $to_tables {
-                    INSERT_LOG_TABLES
-                } else {
-                    INSERT_LOG
-                });
+                let mut insert = QueryBuilder::<$to_db>::new(insert_log!($layout));
                 insert.push_values(chunk, |mut row, r| {
                     row.push_bind(r.revision)
                         .push_bind(r.sub)
@@ -204,12 +219,10 @@ macro_rules! copy_all {
                         .push_bind(&r.value)
                         .push_bind(&r.old_value)
                         .push_bind(r.old_lease);
-                    if !$to_tables {
-                        row.push_bind(r.superseded_by);
-                    }
+                    superseded_column!($layout, row, r);
                 });
                 insert.build().execute(&mut *to).await?;
-                bookkeeping!($to_tables, $to_db, chunk, &mut *to);
+                bookkeeping!($layout, $to_db, chunk, &mut *to);
             }
             copied_rows += rows.len() as u64;
             $copied(copied_rows);
@@ -286,7 +299,7 @@ macro_rules! store_to_file {
             &mut *file,
             Sqlite,
             anonymous,
-            true,
+            log_only,
             UPSERT_META,
             |_| {}
         );
@@ -301,7 +314,7 @@ macro_rules! store_to_file {
 /// `$db`, statements spelled by `$spell`, meta rows written by `$upsert`).
 macro_rules! file_to_store {
     (
-        $source:expr, $target:expr, $db:ty, $spell:expr, $to_sqlite:tt, $upsert:expr,
+        $source:expr, $target:expr, $db:ty, $spell:expr, $layout:tt, $upsert:expr,
         $copied:expr
     ) => {{
         ensure_empty!($target);
@@ -317,7 +330,7 @@ macro_rules! file_to_store {
             &mut *$target,
             $db,
             $spell,
-            $to_sqlite,
+            $layout,
             $upsert,
             $copied
         );
@@ -351,7 +364,7 @@ pub(super) async fn file_to_postgres(
         target,
         Postgres,
         numbered,
-        true,
+        tables,
         UPSERT_META,
         copied
     )
@@ -364,7 +377,15 @@ pub(super) async fn file_to_sqlite(
     target: &mut SqliteConnection,
     copied: Copied<'_>,
 ) -> Result<()> {
-    file_to_store!(source, target, Sqlite, anonymous, true, UPSERT_META, copied)
+    file_to_store!(
+        source,
+        target,
+        Sqlite,
+        anonymous,
+        log_only,
+        UPSERT_META,
+        copied
+    )
 }
 
 /// Copies the backup at `source` into the MySQL store `target` (a transaction), which must be
@@ -379,7 +400,7 @@ pub(super) async fn file_to_mysql(
         target,
         MySql,
         anonymous,
-        false,
+        in_row,
         UPSERT_META_MYSQL,
         copied
     )

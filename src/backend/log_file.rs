@@ -1,12 +1,11 @@
 //! A store written row by row into a backup-format file, for the importers: each source hands
 //! over its changes in revision order with what it knows of them (key, value, lease, version,
 //! create revision), and the file derives what the log keeps beside them — each row's
-//! predecessor, the lease the key had before, and which later row replaced it.
+//! predecessor and the lease the key had before.
 //!
 //! Invariants: rows arrive in revision order per key (a key's rows never go back in time);
-//! every row is written once, and so is each replacement (`kv_replaced`) as its successor
-//! arrives; each key's newest row (`kv_head`) is written at the end; the file is one SQLite
-//! transaction, so a failed import leaves no half-written file that `restore` would accept.
+//! every row is written once; the file is one SQLite transaction, so a failed import leaves no
+//! half-written file that `restore` would accept.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -14,7 +13,6 @@ use std::path::Path;
 use sqlx::pool::PoolConnection;
 use sqlx::{QueryBuilder, Sqlite, SqlitePool};
 
-use super::backup::{INSERT_HEADS, INSERT_REPLACED};
 use super::{LeaseRow, Result};
 
 /// Rows per multi-row INSERT (13 parameters each, under SQLite's oldest limit of 999).
@@ -67,21 +65,12 @@ struct Pending {
     old_lease: i64,
 }
 
-/// A replacement waiting for its INSERT: the key's row at `revision` replaced at `by`.
-struct Replaced {
-    by: i64,
-    key: Vec<u8>,
-    revision: i64,
-    deleted: bool,
-}
-
 /// The file being written; [`LogFile::finish`] commits it.
 pub struct LogFile {
     pool: SqlitePool,
     conn: PoolConnection<Sqlite>,
     heads: HashMap<Vec<u8>, Head>,
     pending: Vec<Pending>,
-    replaced: Vec<Replaced>,
     rows: u64,
 }
 
@@ -99,7 +88,6 @@ impl LogFile {
             conn,
             heads: HashMap::new(),
             pending: Vec::with_capacity(CHUNK),
-            replaced: Vec::with_capacity(CHUNK),
             rows: 0,
         })
     }
@@ -130,14 +118,6 @@ impl LogFile {
                 deleted: change.deleted,
             },
         );
-        if let Some(before) = before {
-            self.replaced.push(Replaced {
-                by: change.revision,
-                key: change.key.clone(),
-                revision: before.revision,
-                deleted: before.deleted,
-            });
-        }
         self.pending.push(Pending {
             prev_revision: before.map_or(0, |h| h.revision),
             old_lease: before.filter(|h| !h.deleted).map_or(0, |h| h.lease),
@@ -175,17 +155,6 @@ impl LogFile {
         });
         insert.build().execute(&mut *self.conn).await?;
         self.pending.clear();
-        if !self.replaced.is_empty() {
-            let mut insert = QueryBuilder::<Sqlite>::new(INSERT_REPLACED);
-            insert.push_values(&self.replaced, |mut out, r| {
-                out.push_bind(r.by)
-                    .push_bind(r.key.as_slice())
-                    .push_bind(r.revision)
-                    .push_bind(r.deleted);
-            });
-            insert.build().execute(&mut *self.conn).await?;
-            self.replaced.clear();
-        }
         Ok(())
     }
 
@@ -203,16 +172,6 @@ impl LogFile {
     /// The file cannot be written.
     pub async fn finish(mut self, leases: &[LeaseRow], current: i64, compact: i64) -> Result<()> {
         self.flush().await?;
-        let heads: Vec<(&Vec<u8>, &Head)> = self.heads.iter().collect();
-        for chunk in heads.chunks(CHUNK) {
-            let mut insert = QueryBuilder::<Sqlite>::new(INSERT_HEADS);
-            insert.push_values(chunk, |mut out, (key, head)| {
-                out.push_bind(key.as_slice())
-                    .push_bind(head.revision)
-                    .push_bind(head.deleted);
-            });
-            insert.build().execute(&mut *self.conn).await?;
-        }
         for lease in leases {
             sqlx::query("INSERT INTO leases (id, ttl, expires_at) VALUES (?1, ?2, ?3)")
                 .bind(lease.id)

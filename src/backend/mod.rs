@@ -10,15 +10,20 @@
 //! - A [`WriteTxn`] is exclusive: while it is open no other writer commits, so the revision it
 //!   reads as current is the one it will extend. Nothing it wrote is visible before `commit`.
 //! - Keys compare byte-wise, in every query and index.
-//! - A backend records which later row of a key replaced each row, when
-//!   [`WriteTxn::insert_rows`] writes a row whose `prev_revision` names it: in the replaced row
-//!   (`superseded_by`, MySQL) or, so that the log stays append-only, in tables of its own
-//!   (SQLite and PostgreSQL: `kv_head` holds each key's newest row, `kv_replaced` the
-//!   replacements by the revision that made them). Reads at a revision and compaction rely on it, so a
-//!   backend never reads "each key's newest row" by searching the key's history: a read at the
-//!   current revision walks the newest rows in key order, a read at an older revision adds the
-//!   few rows replaced since, and the cost of both grows with the rows returned, not with the
-//!   history kept.
+//! - A row's `prev_revision` names the key's row before it. PostgreSQL and MySQL also record
+//!   which later row replaced each row, when [`WriteTxn::insert_rows`] writes a row that names
+//!   it: in the replaced row (`superseded_by`, MySQL) or, so that the log stays append-only, in
+//!   tables of their own (PostgreSQL: `kv_head` holds each key's newest row, `kv_replaced` the
+//!   replacements by the revision that made them), so that their reads at a revision never
+//!   search a key's history: a read at the current revision walks the newest rows in key
+//!   order, a read at an older revision adds the few rows replaced since, and the cost of both
+//!   grows with the rows returned, not with the history kept. Other instances on the same
+//!   database read that way.
+//! - SQLite keeps the log alone, keyed by revision, so a write touches nothing in key order.
+//!   Its one process reads by key from its in-memory index (built at start from the log in
+//!   revision order, [`ReadTxn::heads`]); its SQL reads by key read the log up to the
+//!   revision, for the reads that index cannot answer. Compaction finds the rows a change
+//!   replaced through that change's `prev_revision`.
 
 use async_trait::async_trait;
 

@@ -9,6 +9,8 @@
 //!   is the key's newest;
 //! - what says a row was replaced names a row of the same key whose `prev_revision` names it
 //!   back; every other row is recorded as replaced;
+//! - where the log alone keeps it, each row's `prev_revision` names the key's row just before
+//!   it, or nothing when the key has no earlier row;
 //! - a row that created its key has `create_revision` = its revision and version 1, and follows
 //!   nothing or a deletion; a later put has its predecessor's version plus one;
 //! - a live key's lease exists.
@@ -293,7 +295,51 @@ const TABLES_RULES: &[Rule] = &[
     },
 ];
 
-/// How both layouts' lease rule says what it found: (key, lease).
+/// The bookkeeping in `prev_revision` alone ([`Bookkeeping::LogOnly`]). A predecessor may be
+/// missing: compaction removed it.
+const LOG_ONLY_RULES: &[Rule] = &[
+    Rule {
+        sql: "SELECT k.name, k.revision, k.prev_revision, MAX(n.revision) FROM kv_log AS k \
+              JOIN kv_log AS n ON n.name = k.name AND n.revision < k.revision \
+              AND n.revision > k.prev_revision GROUP BY k.name, k.revision, k.prev_revision",
+        say: |r| {
+            format!(
+                "key {}: the row at revision {} follows revision {}, but the key has a row at \
+                 {} between them",
+                r.col(0),
+                r.col(1),
+                r.col(2),
+                r.col(3)
+            )
+        },
+    },
+    // Compaction removes a row only once a change below the revisions it has compacted
+    // through replaced it, or a tombstone (whose successor, if any, created the key again).
+    Rule {
+        sql: "SELECT k.name, k.revision, k.prev_revision FROM kv_log AS k \
+              WHERE k.prev_revision > 0 AND NOT k.created \
+              AND k.revision >= (SELECT value FROM meta WHERE name = 'compacted_through') \
+              AND NOT EXISTS (SELECT 1 FROM kv_log AS p \
+              WHERE p.revision = k.prev_revision AND p.name = k.name)",
+        say: |r| {
+            format!(
+                "key {}: the row at revision {} follows revision {}, where the key has no row",
+                r.col(0),
+                r.col(1),
+                r.col(2)
+            )
+        },
+    },
+    Rule {
+        sql: "SELECT k.name, k.lease FROM kv_log AS k \
+              LEFT JOIN leases AS l ON l.id = k.lease \
+              WHERE NOT k.deleted AND k.lease <> 0 AND l.id IS NULL AND NOT EXISTS \
+              (SELECT 1 FROM kv_log AS n WHERE n.name = k.name AND n.revision > k.revision)",
+        say: missing_lease,
+    },
+];
+
+/// How every layout's lease rule says what it found: (key, lease).
 fn missing_lease(r: &dyn RowText) -> String {
     format!(
         "key {} is attached to lease {}, which does not exist",
@@ -321,6 +367,7 @@ pub async fn run<S: Session>(session: &mut S) -> Result<Report> {
     let bookkeeping = match session.sql().bookkeeping {
         Bookkeeping::InRow => IN_ROW_RULES,
         Bookkeeping::Tables => TABLES_RULES,
+        Bookkeeping::LogOnly => LOG_ONLY_RULES,
     };
     for rule in RULES.iter().chain(bookkeeping) {
         let rows = session.fetch(Stmt::new(rule.sql)).await?;

@@ -37,10 +37,15 @@ pub enum Bookkeeping {
     InRow,
     /// In tables of their own that the writer only appends to or upserts (`kv_head`, each
     /// key's newest row; `kv_replaced`, keyed by the replacing revision), so the log itself is
-    /// append-only: SQLite, which writes every page a commit touches, and PostgreSQL, which
-    /// would otherwise write a new version of the replaced row, value and index entries
-    /// included.
+    /// append-only: PostgreSQL, which would otherwise write a new version of the replaced row,
+    /// value and index entries included, and whose other instances read by key from SQL.
     Tables,
+    /// Nowhere but in each row's `prev_revision` (the row it replaced): the log is all there
+    /// is, keyed by revision, and a write touches no structure in key order. Each key's newest
+    /// row is found by reading the log in revision order ([`Sql::heads`] pages through it), and
+    /// reads by key at a revision are the in-memory index's to answer; SQL's are full scans,
+    /// for when it cannot. SQLite, whose one process holds that index.
+    LogOnly,
 }
 
 /// Builds the statements answering `(i, value)` for the wanted rows `(key, revision)` that
@@ -77,6 +82,9 @@ pub struct Sql {
     pub bookkeeping: Bookkeeping,
 
     pub latest: Cow<'static, str>,
+    /// Each key's newest row. With [`Bookkeeping::LogOnly`], a page of the log instead: its
+    /// rows after `(revision, sub)` (the first two integers) in log order, at most the third
+    /// many; the core keeps each key's newest.
     pub heads: Cow<'static, str>,
     pub changes: Cow<'static, str>,
     pub change_keys: Cow<'static, str>,

@@ -2,8 +2,13 @@
 
 use async_trait::async_trait;
 
-use super::{Columns, Session, SqlTxn, Stmt, decode_revisions, lease_rows};
+use std::collections::HashMap;
+
+use super::{Bookkeeping, Columns, Session, SqlTxn, Stmt, decode_revisions, lease_rows};
 use crate::backend::{LeaseRow, LogRow, RangeEnd, ReadTxn, Result, Revisions, Scan, WriteTxn};
+
+/// Rows per page of the log where each key's newest row is found by reading all of it.
+const HEADS_PAGE: i64 = 65_536;
 
 impl<S: Session> SqlTxn<S> {
     /// [`ReadTxn::values_at`], read `ahead` of the writers' lock where the session can.
@@ -75,8 +80,39 @@ impl<S: Session> ReadTxn for SqlTxn<S> {
     }
 
     async fn heads(&mut self) -> Result<Vec<LogRow>> {
-        let stmt = Stmt::new(&*self.0.sql().heads);
-        self.rows(stmt).await
+        let sql = self.0.sql();
+        if sql.bookkeeping != Bookkeeping::LogOnly {
+            return self.rows(Stmt::new(&*sql.heads)).await;
+        }
+        // The whole log in pages, each key's newest row kept: the log is the only record of
+        // which row is newest.
+        let mut newest: HashMap<Vec<u8>, LogRow> = HashMap::new();
+        let mut after = (i64::MIN, i64::MIN);
+        loop {
+            let page = self
+                .rows(
+                    Stmt::new(&*sql.heads)
+                        .int(after.0)
+                        .int(after.1)
+                        .int(HEADS_PAGE),
+                )
+                .await?;
+            let Some(last) = page.last() else { break };
+            after = (last.revision, last.sub);
+            let full = page.len() as i64 >= HEADS_PAGE;
+            for row in page {
+                match newest.get_mut(&row.key) {
+                    Some(held) => *held = row,
+                    None => {
+                        newest.insert(row.key.clone(), row);
+                    }
+                }
+            }
+            if !full {
+                break;
+            }
+        }
+        Ok(newest.into_values().collect())
     }
 
     async fn values_at(&mut self, rows: &[(&[u8], i64)]) -> Result<Vec<Option<Vec<u8>>>> {

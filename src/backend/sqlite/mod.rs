@@ -101,11 +101,11 @@ const PAGE_SIZE: u32 = 1024;
 /// readers'. When SQLite splits a B-tree page it renumbers the new pages into ascending order,
 /// parking one for a moment at the page number past its lock byte (1 GiB into the file); the
 /// commit then drops cached pages beyond the end of the database, and since that number lies far
-/// beyond it, SQLite walks the cache's whole hash table, one slot per cached page. `kv_head` takes
-/// a batch's keys at scattered places, so nearly every batch splits a page and pays that walk: at
-/// 32 MiB it was a fifth of the writer thread's CPU (`perf`, 100,000 creates). The writer's hot
-/// pages are the inner pages of `kv_head` and the tails of the log and `kv_replaced`, which fit
-/// well within this; leaves it misses come from the operating system's cache.
+/// beyond it, SQLite walks the cache's whole hash table, one slot per cached page. `kv_head`
+/// (until migration 0008) took a batch's keys at scattered places, so nearly every batch split a
+/// page and paid that walk: at 32 MiB it was a fifth of the writer thread's CPU (`perf`, 100,000
+/// creates). The writer's hot pages are the tails of the log, its primary key and the lease
+/// index, which fit well within this; pages it misses come from the operating system's cache.
 const WRITER_CACHE_KIB: i64 = 8192;
 
 /// How often the background task checkpoints the WAL.
@@ -184,8 +184,9 @@ const CATCH_UP_PASSES: usize = 8;
 /// system's cache (unless its writeback came first) until the writer's checkpoint fsynced them
 /// all at once: 22 to 55 ms at 12,000 updates/s, every few seconds, and no write meanwhile.
 /// They are synced here, off the writer's path, and only here: a sync after every pass would
-/// write hot pages (`kv_head`'s) to the disk each time, which the cache otherwise merges
-/// (2.6 against 1.8 times etcd's disk bytes per update, measured).
+/// write hot pages (the log's tail, rewritten by each batch) to the disk each time, which the
+/// cache otherwise merges (2.6 against 1.8 times etcd's disk bytes per update, measured with
+/// `kv_head`).
 ///
 /// A failed fsync stops the process, as a failed sync of the WAL does: Linux may forget the
 /// failure once reported, and SQLite's own fsync of the file would then succeed with pages lost.

@@ -4,9 +4,7 @@
 use std::borrow::Cow;
 use std::sync::LazyLock;
 
-use crate::backend::core::{
-    Arg, Bookkeeping, Sql, Stmt, Syntax, end_key, insert_chunks, push_tuples, values_chunks,
-};
+use crate::backend::core::{Bookkeeping, Sql, Stmt, Syntax, end_key, insert_chunks, values_chunks};
 use crate::backend::{LogRow, RangeEnd, Scan};
 
 const SYNTAX: Syntax = Syntax {
@@ -25,69 +23,49 @@ const INSERT_CHUNK: usize = 64;
 /// `(key, revision)` pairs per `values_at` statement (two parameters each).
 const VALUES_CHUNK: usize = 256;
 
-/// "The key and revision of each key in a range whose row visible at revision ?3 is live."
-/// `$range` selects the keys of `x` (`?1` start, `?2` end). A visible row has `revision <= R`
-/// and was not yet replaced at R: either it is still the key's newest row (`kv_head`, whose
-/// tombstones the test on `deleted` drops) or it was replaced after R (`kv_replaced`, a
-/// handful of rows when R is recent; its primary key starts with the replacing revision). Each
-/// branch is one range of one table, so neither looks at older versions, nor at the log.
-macro_rules! visible_branches {
-    ($columns:expr, $range:literal) => {
+/// "The newest row at or below revision ?3 of each key in a range, if it is live", as `x`
+/// (`name`, `revision`), in key order. `$range` selects the keys of `k` (`?1` start, `?2` end).
+/// Nothing but the log records which row is newest, so this reads every row of the range up
+/// to R: the in-memory index answers reads by key, and this is for when it cannot. The bare
+/// `deleted` is that of the row with the largest revision (SQLite's rule for a single MAX).
+macro_rules! visible {
+    ($range:literal) => {
         concat!(
-            "SELECT ",
-            $columns,
-            " FROM kv_head AS x WHERE ",
+            "(SELECT name, revision FROM (SELECT k.name AS name, MAX(k.revision) AS revision, \
+             k.deleted AS deleted FROM kv_log AS k WHERE ",
             $range,
-            " AND x.deleted = 0 AND x.revision <= ?3 UNION ALL SELECT ",
-            $columns,
-            " FROM kv_replaced AS x WHERE x.superseded_by > ?3 AND ",
-            $range,
-            " AND x.revision <= ?3 AND x.deleted = 0"
+            " AND k.revision <= ?3 GROUP BY k.name) WHERE deleted = 0) AS x"
         )
     };
 }
 
-/// Joins a scan's `x` (a `kv_head` or `kv_replaced` entry) to its row, found by its revision
-/// in the primary key.
+/// Joins a scan's `x` (a key and a revision) to its row, found by its revision in the primary
+/// key.
 macro_rules! row_join {
     () => {
         " CROSS JOIN kv_log AS k ON k.revision = x.revision AND k.name = x.name"
     };
 }
 
-/// "The row of the key `?1` that is visible at revision ?3, if it is live." It starts at the
-/// key's newest row (`kv_head`) and walks back along `prev_revision`, each step one lookup of a
-/// revision in the primary key, to the first row at or below R. At the current revision that
-/// is the newest row itself; an older R walks back over the versions written since. Nothing on
-/// the way can have been compacted: those rows were replaced after R.
+/// "The row of the key `?1` that is visible at revision ?3, if it is live": the log read
+/// backwards from R to the key's first row there, so a key written recently is found soon.
 macro_rules! single_key {
     ($columns:expr, $tail:literal) => {
         concat!(
-            "WITH RECURSIVE chain(revision, prev) AS (\
-                 SELECT h.revision, k.prev_revision FROM kv_head AS h CROSS JOIN kv_log AS k \
-                 ON k.revision = h.revision AND k.name = h.name WHERE h.name = ?1 \
-               UNION ALL \
-                 SELECT k.revision, k.prev_revision FROM chain CROSS JOIN kv_log AS k \
-                 WHERE chain.revision > ?3 AND k.revision = chain.prev AND k.name = ?1\
-             ) SELECT ",
+            "SELECT ",
             $columns,
-            " FROM chain CROSS JOIN kv_log AS k WHERE chain.revision <= ?3 \
-             AND k.revision = chain.revision AND k.name = ?1 AND k.deleted = 0",
+            " FROM (SELECT * FROM kv_log WHERE name = ?1 AND revision <= ?3 \
+             ORDER BY revision DESC, sub DESC LIMIT 1) AS k WHERE k.deleted = 0",
             $tail
         )
     };
 }
 
-/// The log's columns up to the lease, of the row `k`, its key taken from `$name`. A scan takes
-/// it from the entry the row was found by (`x.name`), which is what it is ordered by.
+/// The log's columns up to the lease, of the row `k`.
 macro_rules! row_columns {
-    ($name:literal) => {
-        concat!(
-            "k.revision, k.sub, ",
-            $name,
-            " AS name, k.created, k.deleted, k.create_revision, k.prev_revision, k.version, \
-             k.lease"
-        )
+    () => {
+        "k.revision, k.sub, k.name, k.created, k.deleted, k.create_revision, k.prev_revision, \
+         k.version, k.lease"
     };
 }
 
@@ -95,85 +73,70 @@ macro_rules! row_columns {
 /// an empty blob for keys-only scans), and neither old value nor old lease (a read answers with
 /// neither), so large blobs and the overflow pages they spill onto stay on disk when unneeded.
 macro_rules! scan_columns {
-    ($name:literal, $value:literal) => {
-        concat!(row_columns!($name), ", ", $value, " AS value, NULL, 0")
+    ($value:literal) => {
+        concat!(row_columns!(), ", ", $value, " AS value, NULL, 0")
     };
 }
 
-/// A scan in key order, at most `?4` rows. The branches find the keys and revisions, and only
-/// the rows within the limit are then looked up in the log: the branch of rows replaced since
-/// an older revision must be sorted before the limit applies, and looking up each of its rows
-/// first would read the values of every version written since. The limit is `?4 + 0`, not
-/// `?4`: SQLite plans a compound SELECT's bare `LIMIT ?` for the value bound, so it would
-/// re-parse and re-plan the statement on every execution (a third of a point read's CPU); an
-/// expression is evaluated at run time instead.
+/// A scan in key order, at most `?4` rows, each looked up in the log only once it is within
+/// the limit. The limit is `?4 + 0`, not `?4`: SQLite plans a bare `LIMIT ?` for the value
+/// bound, so it would re-parse and re-plan the statement on every execution; an expression is
+/// evaluated at run time instead.
 macro_rules! scan_sql {
     ($value:literal, $range:literal) => {
         concat!(
             "SELECT ",
-            scan_columns!("x.name", $value),
-            " FROM (",
-            visible_branches!("x.name AS name, x.revision AS revision", $range),
-            " ORDER BY name LIMIT ?4 + 0) AS x",
+            scan_columns!($value),
+            " FROM ",
+            visible!($range),
             row_join!(),
-            " ORDER BY x.name"
+            " ORDER BY x.name LIMIT ?4 + 0"
         )
     };
 }
 
 macro_rules! count_sql {
     ($range:literal) => {
-        concat!(
-            "SELECT COALESCE(SUM(n), 0) FROM (",
-            visible_branches!("COUNT(*) AS n", $range),
-            ")"
-        )
+        concat!("SELECT COUNT(*) FROM ", visible!($range))
     };
 }
 
 pub static SQL: LazyLock<Sql> = LazyLock::new(|| Sql {
     latest: Cow::Borrowed(concat!(
         "SELECT ",
-        row_columns!("k.name"),
-        ", k.value, k.old_value, k.old_lease FROM kv_head AS x",
-        row_join!(),
-        " WHERE x.name = ?"
+        row_columns!(),
+        ", k.value, k.old_value, k.old_lease FROM kv_log AS k WHERE k.name = ? \
+         ORDER BY k.revision DESC, k.sub DESC LIMIT 1"
     )),
-    // No old lease (a watch's concern, not the index's): it is stored after the value, so for
-    // a row whose value spills onto an overflow page, reading it would read that page too.
+    // A page of the log in its order (see `Bookkeeping::LogOnly`), without values or the old
+    // lease: it is stored after the value, so for a row whose value spills onto an overflow
+    // page, reading it would read that page too.
     heads: Cow::Borrowed(concat!(
         "SELECT ",
-        scan_columns!("k.name", "x''"),
-        " FROM kv_head AS x",
-        row_join!()
+        scan_columns!("x''"),
+        " FROM kv_log AS k WHERE (k.revision, k.sub) > (?, ?) \
+          ORDER BY k.revision, k.sub LIMIT ?"
     )),
-    // The row is visible at the revision when it is the key's newest or was replaced after it.
+    // The rows that ever carried the lease (its partial index) name the keys; each key's row
+    // visible at the revision is then its newest up to there, found by one scan of the log.
     lease_keys: Cow::Borrowed(concat!(
         "SELECT ",
-        crate::log_columns!(),
-        " FROM kv_log AS k WHERE k.lease = ?1 AND k.lease <> 0 AND k.revision <= ?2 \
-          AND NOT k.deleted AND (\
-            EXISTS (SELECT 1 FROM kv_head AS h WHERE h.name = k.name AND h.revision = k.revision) \
-            OR EXISTS (SELECT 1 FROM kv_replaced AS r WHERE r.superseded_by > ?3 \
-                       AND r.name = k.name AND r.revision = k.revision)) \
-          ORDER BY k.name"
+        row_columns!(),
+        ", k.value, k.old_value, k.old_lease FROM (SELECT name, MAX(revision) AS revision FROM kv_log \
+           WHERE revision <= ?2 AND name IN (SELECT name FROM kv_log \
+             WHERE lease = ?1 AND lease <> 0 AND revision <= ?2) \
+           GROUP BY name) AS x",
+        row_join!(),
+        " WHERE k.lease = ?1 AND NOT k.deleted AND k.revision <= ?3 ORDER BY k.name"
     )),
-    // The rows replaced in the window, each found by its revision in the primary key.
+    // The rows replaced in the window: each replacing row names its predecessor, found by its
+    // revision in the primary key.
     compact_superseded: Cow::Borrowed(
-        "DELETE FROM kv_log WHERE rowid IN (SELECT k.rowid FROM kv_replaced AS r \
-         CROSS JOIN kv_log AS k ON k.revision = r.revision AND k.name = r.name \
-         WHERE r.superseded_by >= ?1 AND r.superseded_by < ?2)",
+        "DELETE FROM kv_log WHERE rowid IN (SELECT k.rowid FROM kv_log AS s \
+         CROSS JOIN kv_log AS k ON k.revision = s.prev_revision AND k.name = s.name \
+         WHERE s.revision >= ?1 AND s.revision < ?2 AND s.prev_revision > 0)",
     ),
-    forget_replaced: Some(Cow::Borrowed(
-        "DELETE FROM kv_replaced WHERE superseded_by >= ? AND superseded_by < ?",
-    )),
-    // Before the tombstones go: they are found in the log by revision, then in kv_head by key.
-    forget_tombstones: Some(Cow::Borrowed(
-        "DELETE FROM kv_head WHERE name IN (SELECT name FROM kv_log \
-         WHERE deleted AND revision >= ?1 AND revision < ?2) \
-         AND deleted AND revision >= ?1 AND revision < ?2",
-    )),
-    bookkeeping: Bookkeeping::Tables,
+    bookkeeping: Bookkeeping::LogOnly,
     ..Sql::common(&SYNTAX, scan, count, insert_rows, values_at)
 });
 
@@ -182,14 +145,12 @@ pub static SQL: LazyLock<Sql> = LazyLock::new(|| Sql {
 /// `?3` revision, `?4` limit (-1 for none).
 pub fn scan_query(end: &RangeEnd, keys_only: bool) -> &'static str {
     match (end, keys_only) {
-        (RangeEnd::Single, false) => {
-            single_key!(scan_columns!("k.name", "k.value"), " LIMIT ?4 + 0")
-        }
-        (RangeEnd::Single, true) => single_key!(scan_columns!("k.name", "x''"), " LIMIT ?4 + 0"),
-        (RangeEnd::Unbounded, false) => scan_sql!("k.value", "x.name >= ?1"),
-        (RangeEnd::Unbounded, true) => scan_sql!("x''", "x.name >= ?1"),
-        (RangeEnd::Before(_), false) => scan_sql!("k.value", "x.name >= ?1 AND x.name < ?2"),
-        (RangeEnd::Before(_), true) => scan_sql!("x''", "x.name >= ?1 AND x.name < ?2"),
+        (RangeEnd::Single, false) => single_key!(scan_columns!("k.value"), " LIMIT ?4 + 0"),
+        (RangeEnd::Single, true) => single_key!(scan_columns!("x''"), " LIMIT ?4 + 0"),
+        (RangeEnd::Unbounded, false) => scan_sql!("k.value", "k.name >= ?1"),
+        (RangeEnd::Unbounded, true) => scan_sql!("x''", "k.name >= ?1"),
+        (RangeEnd::Before(_), false) => scan_sql!("k.value", "k.name >= ?1 AND k.name < ?2"),
+        (RangeEnd::Before(_), true) => scan_sql!("x''", "k.name >= ?1 AND k.name < ?2"),
     }
 }
 
@@ -198,8 +159,8 @@ pub fn scan_query(end: &RangeEnd, keys_only: bool) -> &'static str {
 pub fn count_query(end: &RangeEnd) -> &'static str {
     match end {
         RangeEnd::Single => concat!("SELECT COUNT(*) FROM (", single_key!("1", ""), ")"),
-        RangeEnd::Unbounded => count_sql!("x.name >= ?1"),
-        RangeEnd::Before(_) => count_sql!("x.name >= ?1 AND x.name < ?2"),
+        RangeEnd::Unbounded => count_sql!("k.name >= ?1"),
+        RangeEnd::Before(_) => count_sql!("k.name >= ?1 AND k.name < ?2"),
     }
 }
 
@@ -219,43 +180,8 @@ fn count<'a>(key: &'a [u8], end: &'a RangeEnd, revision: i64) -> Stmt<'a> {
 }
 
 fn insert_rows(rows: &[LogRow]) -> Vec<Stmt<'_>> {
-    insert_chunks(rows, INSERT_CHUNK, usize::MAX, |chunk| {
-        let mut statements = Vec::with_capacity(2);
-        // A row that follows one replaces it. The replaced row was a tombstone exactly when
-        // this one created the key again.
-        let replacing: Vec<&LogRow> = chunk.iter().filter(|r| r.prev_revision > 0).collect();
-        if !replacing.is_empty() {
-            let mut sql = String::from(
-                "INSERT INTO kv_replaced (superseded_by, name, revision, deleted) VALUES ",
-            );
-            push_tuples(&mut sql, replacing.len(), "(?, ?, ?, ?)");
-            let mut stmt = Stmt::new(sql);
-            for row in replacing {
-                stmt = stmt
-                    .int(row.revision)
-                    .bytes(&row.key)
-                    .int(row.prev_revision)
-                    .arg(Arg::Bool(row.created));
-            }
-            statements.push(stmt);
-        }
-        // In row order, so that a key written twice in the chunk ends at its later row.
-        let mut sql = String::from("INSERT INTO kv_head (name, revision, deleted) VALUES ");
-        push_tuples(&mut sql, chunk.len(), "(?, ?, ?)");
-        sql.push_str(
-            " ON CONFLICT (name) DO UPDATE SET revision = excluded.revision, \
-             deleted = excluded.deleted",
-        );
-        let mut stmt = Stmt::new(sql);
-        for row in chunk {
-            stmt = stmt
-                .bytes(&row.key)
-                .int(row.revision)
-                .arg(Arg::Bool(row.deleted));
-        }
-        statements.push(stmt);
-        statements
-    })
+    // The rows say what they replace (`prev_revision`): nothing else is written.
+    insert_chunks(rows, INSERT_CHUNK, usize::MAX, |_| Vec::new())
 }
 
 fn values_at<'a>(rows: &[(&'a [u8], i64)]) -> Vec<Stmt<'a>> {
