@@ -602,7 +602,10 @@ impl Store {
         let (reply, answer) = oneshot::channel();
         self.submit(WriteJob::Compact { revision, reply }).await?;
         let current = answer.await.map_err(|_| Error::ShuttingDown)??;
-        self.inner.applied.forget_through(revision);
+        let applied = self.inner.applied.clone();
+        tokio::task::spawn_blocking(move || applied.forget_through(revision))
+            .await
+            .map_err(|_| Error::ShuttingDown)?;
         if physical {
             let mut compacted = self.inner.compacted.clone();
             compacted

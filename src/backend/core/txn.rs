@@ -112,7 +112,11 @@ impl<S: Session> ReadTxn for SqlTxn<S> {
                 break;
             }
         }
-        Ok(newest.into_values().collect())
+        // In key order, as a table in key order would give them: the indexes built from them
+        // then hold their entries in key order too, so a walk of a range reads memory in order.
+        let mut heads: Vec<LogRow> = newest.into_values().collect();
+        heads.sort_unstable_by(|a, b| a.key.cmp(&b.key));
+        Ok(heads)
     }
 
     async fn values_at(&mut self, rows: &[(&[u8], i64)]) -> Result<Vec<Option<Vec<u8>>>> {

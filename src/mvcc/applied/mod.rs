@@ -70,6 +70,8 @@ const VALUE_OVERHEAD: usize = 16;
 /// The share of the value budget the history's values may hold (they are old versions, kept
 /// beside the budget's current ones).
 const HISTORY_SHARE: usize = 4;
+/// Changes a compaction forgets per hold of the write lock (see [`Applied::forget_through`]).
+const FORGET_CHUNK: usize = 4096;
 
 /// A handle to the applied index; cheap to clone.
 #[derive(Clone)]
@@ -301,11 +303,10 @@ impl State {
         }
     }
 
-    /// Forgets the oldest change, raising the floor to it.
-    fn forget_oldest(&mut self) {
-        let Some(change) = self.history.pop_front() else {
-            return;
-        };
+    /// Forgets the oldest change, raising the floor to it; returns it, for the caller to drop
+    /// when it likes.
+    fn forget_oldest(&mut self) -> Option<Change> {
+        let change = self.history.pop_front()?;
         let position = self.first_position;
         self.first_position += 1;
         if let Some(value) = change.before.as_ref().and_then(|v| v.value.as_ref()) {
@@ -316,6 +317,7 @@ impl State {
         }
         self.valued_from = self.valued_from.saturating_sub(1);
         self.floor = self.floor.max(change.revision);
+        Some(change)
     }
 
     /// `key` as it was at `revision` (in the window): `None` if it did not exist. It walks
@@ -598,10 +600,26 @@ impl Applied {
     /// to: no read below it is answered any more, and the reads at or above it need only the
     /// changes after it. (Other processes' compactions are not told here; their changes leave
     /// the window by its number.)
+    ///
+    /// A compaction can forget a million changes. Dropping them (a key's reference count and
+    /// an old value each, scattered over the heap) took 100 ms, and under the write lock every
+    /// publish, and so every write's answer, waited for it: they are taken out a chunk at a
+    /// time and dropped after the lock is released. Blocking: run it off the async workers.
     pub(crate) fn forget_through(&self, compact: i64) {
-        let mut state = self.write();
-        while state.history.front().is_some_and(|c| c.revision <= compact) {
-            state.forget_oldest();
+        loop {
+            let mut forgotten = Vec::with_capacity(FORGET_CHUNK);
+            let mut state = self.write();
+            while forgotten.len() < FORGET_CHUNK
+                && state.history.front().is_some_and(|c| c.revision <= compact)
+            {
+                forgotten.extend(state.forget_oldest());
+            }
+            let more = state.history.front().is_some_and(|c| c.revision <= compact);
+            drop(state);
+            drop(forgotten);
+            if !more {
+                return;
+            }
         }
     }
 
