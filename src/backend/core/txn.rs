@@ -1,8 +1,8 @@
 //! [`ReadTxn`] and [`WriteTxn`] once, over any dialect's [`Session`].
 
-use async_trait::async_trait;
-
 use std::collections::HashMap;
+
+use async_trait::async_trait;
 
 use super::{Bookkeeping, Columns, Session, SqlTxn, Stmt, decode_revisions, lease_rows};
 use crate::backend::{LeaseRow, LogRow, RangeEnd, ReadTxn, Result, Revisions, Scan, WriteTxn};

@@ -1,5 +1,7 @@
-//! SQLite's SQL: the shared statements, with the index hints and range queries SQLite's planner
-//! needs (its own estimates would walk every old version of a key range).
+//! SQLite's SQL: the shared statements, with what keeping the log alone changes
+//! ([`Bookkeeping::LogOnly`]): each key's newest row is found from the log itself (a page of it
+//! at a time at start; grouped by key up to a revision for the reads by key the in-memory index
+//! cannot answer), and compaction finds the rows a change replaced through its `prev_revision`.
 
 use std::borrow::Cow;
 use std::sync::LazyLock;
