@@ -50,7 +50,7 @@
 //!   (logged): an index that might be wrong is never read.
 
 use std::cmp::Ordering as KeyOrder;
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::iter::Peekable;
 use std::ops::Bound;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -710,11 +710,8 @@ impl View<'_> {
             let found = self.state.key_at(&range.key, revision);
             return Some((i64::from(found.is_some()), Box::new(found.into_iter())));
         }
-        let then = self.changed_since(revision, |key| range.contains(key));
-        let mut count = self.count(range);
-        for (key, version) in &then {
-            count += i64::from(version.is_some()) - i64::from(self.state.keys.contains_key(key));
-        }
+        let (then, grown) = self.changed_since(revision, |key| range.contains(key));
+        let count = self.count(range) - grown;
         let items = Undone {
             now: self.range(range).peekable(),
             then: then.into_iter().peekable(),
@@ -722,22 +719,27 @@ impl View<'_> {
         Some((count, Box::new(items)))
     }
 
-    /// Each key `keep` takes that changed after `revision`, with its version then: what its
-    /// first later change replaced (`None`: it did not exist).
-    fn changed_since(
-        &self,
-        revision: i64,
-        keep: impl Fn(&[u8]) -> bool,
-    ) -> BTreeMap<&[u8], Option<&Version>> {
-        let history = &self.state.history;
-        let later = history.partition_point(|change| change.revision <= revision);
-        let mut then = BTreeMap::new();
-        for change in history.range(later..) {
-            if keep(&change.key) {
-                then.entry(&*change.key).or_insert(change.before.as_ref());
+    /// Each key `keep` takes that changed after `revision`, with its version then (what its
+    /// first later change replaced; `None`: it did not exist), in key order; and by how many
+    /// those changes grew the number of live keys since.
+    ///
+    /// One pass, no lookups: a change is its key's first since `revision` when the key's
+    /// previous change is not later, and each change takes its key from its version before to
+    /// its version after, so their sum over a key's changes is the key now less the key then.
+    fn changed_since(&self, revision: i64, keep: impl Fn(&[u8]) -> bool) -> (Changed<'_>, i64) {
+        let state = &self.state;
+        let later = state.history.partition_point(|c| c.revision <= revision);
+        let first_later = state.first_position + later as Position;
+        let mut then = Vec::new();
+        let mut grown = 0;
+        for change in state.history.range(later..).filter(|c| keep(&c.key)) {
+            grown += i64::from(!change.deleted) - i64::from(change.before.is_some());
+            if change.prev < first_later {
+                then.push((&*change.key, change.before.as_ref()));
             }
         }
-        then
+        then.sort_unstable_by(|a, b| a.0.cmp(b.0));
+        (then, grown)
     }
 
     /// The keys attached to `lease` at `revision` (at or below the view's), in key order;
@@ -749,12 +751,13 @@ impl View<'_> {
         if lease == 0 {
             return Some(Vec::new());
         }
-        let then = self.changed_since(revision, |_| true);
+        let (then, _) = self.changed_since(revision, |_| true);
+        let changed = |key: &[u8]| then.binary_search_by(|(k, _)| (*k).cmp(key)).is_ok();
         let mut keys: Vec<Vec<u8>> = self
             .state
             .leased
             .keys(lease)
-            .filter(|key| !then.contains_key(&***key))
+            .filter(|key| !changed(key))
             .map(|key| key.to_vec())
             .collect();
         keys.extend(
@@ -782,8 +785,11 @@ impl View<'_> {
 /// The keys of a range now, with the keys changed since some revision put back as they were.
 struct Undone<'a> {
     now: Peekable<Walk<'a>>,
-    then: Peekable<std::collections::btree_map::IntoIter<&'a [u8], Option<&'a Version>>>,
+    then: Peekable<std::vec::IntoIter<(&'a [u8], Option<&'a Version>)>>,
 }
+
+/// The keys changed since a revision, each with its version then, in key order.
+type Changed<'a> = Vec<(&'a [u8], Option<&'a Version>)>;
 
 impl<'a> Iterator for Undone<'a> {
     type Item = Item<'a>;

@@ -1,6 +1,8 @@
 //! The applied index's own rules: whole revisions in order, counts, values within the budget,
 //! fills, and reads at past revisions against a model.
 
+use std::collections::BTreeMap;
+
 use super::*;
 
 fn row(key: &str, revision: i64, deleted: bool) -> LogRow {
