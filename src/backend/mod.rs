@@ -348,6 +348,20 @@ pub trait Backend: Send + Sync + 'static {
 }
 
 /// Queries against one consistent state.
+/// [`ReadTxn::heads_and_changes`] as two reads.
+pub(crate) async fn heads_then_changes<T: ReadTxn + ?Sized>(
+    tx: &mut T,
+    after: i64,
+    through: i64,
+) -> Result<(Vec<LogRow>, Vec<LogRow>)> {
+    let heads = tx.heads().await?;
+    let since = match after < through {
+        true => tx.change_keys(after, through).await?,
+        false => Vec::new(),
+    };
+    Ok((heads, since))
+}
+
 #[async_trait]
 pub trait ReadTxn: Send {
     async fn revisions(&mut self) -> Result<Revisions>;
@@ -369,6 +383,15 @@ pub trait ReadTxn: Send {
     /// [`ReadTxn::changes`] without `value` and `old_value` (left empty): what the writer's key
     /// index takes in of other processes' commits, at a fraction of the bytes.
     async fn change_keys(&mut self, after: i64, through: i64) -> Result<Vec<LogRow>>;
+    /// [`ReadTxn::heads`], and [`ReadTxn::change_keys`] of `(after, through]` (none if that is
+    /// empty): one read of the log where a backend finds its heads by reading all of it.
+    async fn heads_and_changes(
+        &mut self,
+        after: i64,
+        through: i64,
+    ) -> Result<(Vec<LogRow>, Vec<LogRow>)> {
+        heads_then_changes(self, after, through).await
+    }
     async fn lease(&mut self, id: i64) -> Result<Option<LeaseRow>>;
     async fn leases(&mut self) -> Result<Vec<LeaseRow>>;
     /// The live keys attached to lease `id` (not 0) as of `revision`, in key order.

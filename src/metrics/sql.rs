@@ -272,6 +272,19 @@ macro_rules! instrumented_read_txn {
                 timed(&self.metrics, "heads", self.inner.heads()).await
             }
 
+            async fn heads_and_changes(
+                &mut self,
+                after: i64,
+                through: i64,
+            ) -> backend::Result<(Vec<LogRow>, Vec<LogRow>)> {
+                timed(
+                    &self.metrics,
+                    "heads_and_changes",
+                    self.inner.heads_and_changes(after, through),
+                )
+                .await
+            }
+
             async fn values_at(
                 &mut self,
                 rows: &[(&[u8], i64)],

@@ -326,16 +326,17 @@ impl Store {
         let (start, index, applied) = {
             let mut snapshot = backend.read().await?;
             let start = snapshot.revisions().await?;
-            let heads = snapshot.heads().await?;
-            let applied = Applied::load(&heads, start.current, options.read_cache_bytes, history);
             // The window of history starts full: the changes since the compact revision, as many
             // as it holds (each revision has one change or more, so this many revisions back
             // hold at least that many changes).
             let window = i64::try_from(history).unwrap_or(i64::MAX);
             let after = start.compact.max(start.current.saturating_sub(window));
+            let (heads, since) = snapshot.heads_and_changes(after, start.current).await?;
+            let applied = Applied::load(&heads, start.current, options.read_cache_bytes, history);
             if after < start.current {
-                applied.remember_since(after, &snapshot.change_keys(after, start.current).await?);
+                applied.remember_since(after, &since);
             }
+            drop(since);
             (start, KeyIndex::load(heads, start.current), applied)
         };
         release_freed_memory();

@@ -83,8 +83,9 @@ pub struct Sql {
 
     pub latest: Cow<'static, str>,
     /// Each key's newest row. With [`Bookkeeping::LogOnly`], a page of the log instead: its
-    /// rows after `(revision, sub)` (the first two integers) in log order, at most the third
-    /// many; the core keeps each key's newest.
+    /// rows after `(revision, sub)` (the second and third integers) in log order, at most the
+    /// fourth many, their old lease only if their revision is above the first; the core keeps
+    /// each key's newest.
     pub heads: Cow<'static, str>,
     pub changes: Cow<'static, str>,
     pub change_keys: Cow<'static, str>,

@@ -40,6 +40,53 @@ impl<S: Session> SqlTxn<S> {
         self.0.fetch_log_rows(stmt).await
     }
 
+    /// Where the log alone says which row is each key's newest
+    /// ([`Bookkeeping::LogOnly`]): the whole log in pages, each key's newest row kept, and the
+    /// rows of the revisions `window` (`(after, through]`) kept as well.
+    async fn read_whole_log(
+        &mut self,
+        window: Option<(i64, i64)>,
+    ) -> Result<(Vec<LogRow>, Vec<LogRow>)> {
+        let sql = self.0.sql();
+        let (after, through) = window.unwrap_or((i64::MAX, i64::MAX));
+        let mut newest: HashMap<Vec<u8>, LogRow> = HashMap::new();
+        let mut since = Vec::new();
+        let mut from = (i64::MIN, i64::MIN);
+        loop {
+            let page = self
+                .rows(
+                    Stmt::new(&*sql.heads)
+                        .int(after)
+                        .int(from.0)
+                        .int(from.1)
+                        .int(HEADS_PAGE),
+                )
+                .await?;
+            let Some(last) = page.last() else { break };
+            from = (last.revision, last.sub);
+            let full = page.len() as i64 >= HEADS_PAGE;
+            for row in page {
+                if row.revision > after && row.revision <= through {
+                    since.push(row.clone());
+                }
+                match newest.get_mut(&row.key) {
+                    Some(held) => *held = row,
+                    None => {
+                        newest.insert(row.key.clone(), row);
+                    }
+                }
+            }
+            if !full {
+                break;
+            }
+        }
+        // In key order, as a table in key order would give them: the indexes built from them
+        // then hold their entries in key order too, so a walk of a range reads memory in order.
+        let mut heads: Vec<LogRow> = newest.into_values().collect();
+        heads.sort_unstable_by(|a, b| a.key.cmp(&b.key));
+        Ok((heads, since))
+    }
+
     async fn leases_of(&mut self, stmt: Stmt<'_>) -> Result<Vec<LeaseRow>> {
         lease_rows(self.0.fetch(stmt).await?)
     }
@@ -84,39 +131,18 @@ impl<S: Session> ReadTxn for SqlTxn<S> {
         if sql.bookkeeping != Bookkeeping::LogOnly {
             return self.rows(Stmt::new(&*sql.heads)).await;
         }
-        // The whole log in pages, each key's newest row kept: the log is the only record of
-        // which row is newest.
-        let mut newest: HashMap<Vec<u8>, LogRow> = HashMap::new();
-        let mut after = (i64::MIN, i64::MIN);
-        loop {
-            let page = self
-                .rows(
-                    Stmt::new(&*sql.heads)
-                        .int(after.0)
-                        .int(after.1)
-                        .int(HEADS_PAGE),
-                )
-                .await?;
-            let Some(last) = page.last() else { break };
-            after = (last.revision, last.sub);
-            let full = page.len() as i64 >= HEADS_PAGE;
-            for row in page {
-                match newest.get_mut(&row.key) {
-                    Some(held) => *held = row,
-                    None => {
-                        newest.insert(row.key.clone(), row);
-                    }
-                }
-            }
-            if !full {
-                break;
-            }
+        Ok(self.read_whole_log(None).await?.0)
+    }
+
+    async fn heads_and_changes(
+        &mut self,
+        after: i64,
+        through: i64,
+    ) -> Result<(Vec<LogRow>, Vec<LogRow>)> {
+        if self.0.sql().bookkeeping != Bookkeeping::LogOnly {
+            return crate::backend::heads_then_changes(self, after, through).await;
         }
-        // In key order, as a table in key order would give them: the indexes built from them
-        // then hold their entries in key order too, so a walk of a range reads memory in order.
-        let mut heads: Vec<LogRow> = newest.into_values().collect();
-        heads.sort_unstable_by(|a, b| a.key.cmp(&b.key));
-        Ok(heads)
+        self.read_whole_log(Some((after, through))).await
     }
 
     async fn values_at(&mut self, rows: &[(&[u8], i64)]) -> Result<Vec<Option<Vec<u8>>>> {

@@ -110,13 +110,15 @@ pub static SQL: LazyLock<Sql> = LazyLock::new(|| Sql {
         ", k.value, k.old_value, k.old_lease FROM kv_log AS k WHERE k.name = ? \
          ORDER BY k.revision DESC, k.sub DESC LIMIT 1"
     )),
-    // A page of the log in its order (see `Bookkeeping::LogOnly`), without values or the old
-    // lease: it is stored after the value, so for a row whose value spills onto an overflow
-    // page, reading it would read that page too.
+    // A page of the log in its order (see `Bookkeeping::LogOnly`), without values, and with
+    // the old lease only above the first parameter (the window of history needs it): it is
+    // stored after the value, so for a row whose value spills onto overflow pages, reading it
+    // reads those pages too, and SQLite reads a column only when the CASE needs it.
     heads: Cow::Borrowed(concat!(
         "SELECT ",
-        scan_columns!("x''"),
-        " FROM kv_log AS k WHERE (k.revision, k.sub) > (?, ?) \
+        row_columns!(),
+        ", x'' AS value, NULL, CASE WHEN k.revision > ? THEN k.old_lease ELSE 0 END \
+          FROM kv_log AS k WHERE (k.revision, k.sub) > (?, ?) \
           ORDER BY k.revision, k.sub LIMIT ?"
     )),
     // The rows that ever carried the lease (its partial index) name the keys; each key's row
