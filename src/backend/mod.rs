@@ -347,7 +347,6 @@ pub trait Backend: Send + Sync + 'static {
     async fn close(&self);
 }
 
-/// Queries against one consistent state.
 /// [`ReadTxn::heads_and_changes`] as two reads.
 pub(crate) async fn heads_then_changes<T: ReadTxn + ?Sized>(
     tx: &mut T,
@@ -362,6 +361,7 @@ pub(crate) async fn heads_then_changes<T: ReadTxn + ?Sized>(
     Ok((heads, since))
 }
 
+/// Queries against one consistent state.
 #[async_trait]
 pub trait ReadTxn: Send {
     async fn revisions(&mut self) -> Result<Revisions>;
