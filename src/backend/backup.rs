@@ -92,7 +92,7 @@ const INDEX_SUCCESSORS: [&str; 2] = [
 ];
 const INSERT_LOG: &str = "INSERT INTO kv_log (revision, sub, name, created, deleted, \
      create_revision, prev_revision, version, lease, value, old_value, old_lease, superseded_by) ";
-const INSERT_LOG_ONLY: &str = "INSERT INTO kv_log (revision, sub, name, created, deleted, \
+const INSERT_LOG_WITHOUT_SUPERSEDED: &str = "INSERT INTO kv_log (revision, sub, name, created, deleted, \
      create_revision, prev_revision, version, lease, value, old_value, old_lease) ";
 const INSERT_HEADS: &str = "INSERT INTO kv_head (name, revision, deleted) ";
 const INSERT_REPLACED: &str = "INSERT INTO kv_replaced (superseded_by, name, revision, deleted) ";
@@ -162,11 +162,8 @@ macro_rules! insert_log {
     (in_row) => {
         INSERT_LOG
     };
-    (tables) => {
-        INSERT_LOG_ONLY
-    };
-    (log_only) => {
-        INSERT_LOG_ONLY
+    ($layout:tt) => {
+        INSERT_LOG_WITHOUT_SUPERSEDED
     };
 }
 

@@ -614,10 +614,9 @@ impl Applied {
             {
                 forgotten.extend(state.forget_oldest());
             }
-            let more = state.history.front().is_some_and(|c| c.revision <= compact);
             drop(state);
-            drop(forgotten);
-            if !more {
+            // A chunk that is not full found nothing more to forget.
+            if forgotten.len() < FORGET_CHUNK {
                 return;
             }
         }
