@@ -53,7 +53,6 @@ mod probe;
 mod read;
 mod txn;
 pub mod types;
-mod values;
 mod writer;
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
@@ -73,16 +72,11 @@ use types::{
     DeleteRequest, DeleteResponse, LeaseOp, LeaseOutcome, Op, OpResponse, PutRequest, PutResponse,
     Revisioned, TxnRequest, TxnResponse,
 };
-use values::ValueCache;
 use writer::{MAX_BATCH, WriteJob, WriterMemory, WriterSignals, run_acknowledger, run_writer};
 
 use alarm::{Alarms, Cost};
 pub use fence::FENCE_GAP;
 pub use hash::KvHash;
-
-/// Memory for the cache of recently written rows ([`values`]): enough for the
-/// objects a busy small cluster rewrites, far below what etcd keeps mapped.
-const VALUE_CACHE_BYTES: usize = 64 << 20;
 
 /// Cloneable so that one failed batch can answer each of its requests with the same error.
 #[derive(Clone, Debug, thiserror::Error)]
@@ -359,13 +353,11 @@ impl Store {
             current: AtomicI64::new(start.current),
             compact: AtomicI64::new(start.compact),
         });
-        let values = ValueCache::new(VALUE_CACHE_BYTES).backed_by(applied.clone());
         let (acks, committing) = mpsc::channel(1);
         tracker.spawn(run_writer(
             backend.clone(),
             WriterMemory {
                 index,
-                values,
                 applied: applied.clone(),
                 landed: landed.clone(),
                 landing: landing_tx,

@@ -246,6 +246,23 @@ fn a_fill_takes_only_the_value_of_the_row_the_key_still_has() {
     assert_eq!(applied.size(), (3, cost(b"a-v1")));
 }
 
+/// The writer takes old values from here: a value must be the one of the row it names, or
+/// nothing (then the writer reads the row by `(key, revision)` from the database).
+#[test]
+fn a_value_is_given_for_the_row_the_key_has_only() {
+    let applied = Applied::load(&[row("a", 2, false)], 2, 1 << 20, 100);
+    // Loaded without values: a miss.
+    assert_eq!(applied.value_at(b"a", 2), None);
+    assert!(apply(&applied, 2, 3, &[put("a", 3, false, "a-v3")]));
+    assert_eq!(applied.value_at(b"a", 3), Some(b"a-v3".to_vec()));
+    // The key's earlier row, a row it never had, a key it lacks: misses, never a wrong value.
+    assert_eq!(applied.value_at(b"a", 2), None);
+    assert_eq!(applied.value_at(b"a", 4), None);
+    assert_eq!(applied.value_at(b"b", 3), None);
+    assert!(apply(&applied, 3, 4, &[row("a", 4, true)]));
+    assert_eq!(applied.value_at(b"a", 3), None);
+}
+
 #[test]
 fn counts_and_past_revisions_match_a_model() {
     use rand::{Rng, SeedableRng};

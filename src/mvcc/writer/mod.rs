@@ -85,7 +85,6 @@ use tokio_util::sync::CancellationToken;
 use super::index::KeyIndex;
 use super::txn::{Batch, TxnExec};
 use super::types::{LeaseOp, LeaseOutcome, Revisioned, TxnRequest, TxnResponse};
-use super::values::ValueCache;
 use super::{Applied, Error, Published, Result, WriteCounters};
 use crate::backend::{Backend, LogRow, Opening, Revisions};
 use gather::{TakeWaiting, gather, take_waiting};
@@ -136,7 +135,6 @@ pub(super) async fn run_writer(
 ) {
     let WriterMemory {
         mut index,
-        mut values,
         applied,
         landed,
         landing,
@@ -213,7 +211,7 @@ pub(super) async fn run_writer(
                 take_waiting(&mut queue, jobs, &mut backlog, alone);
             }
         };
-        let memory = (&mut index, &values, &landing);
+        let memory = (&mut index, &applied, &landing);
         let batch = (&mut jobs, &mut waiting as TakeWaiting<'_>);
         let mut result =
             apply_batch(backend.as_ref(), memory, (begin, served), compacted, batch).await;
@@ -224,7 +222,7 @@ pub(super) async fn run_writer(
                 "another process committed before the presumed batch; running it again"
             );
             stats.reruns.fetch_add(1, Ordering::Relaxed);
-            let memory = (&mut index, &values, &landing);
+            let memory = (&mut index, &applied, &landing);
             let again = (Begin::Read, served);
             let batch = (&mut jobs, &mut waiting as TakeWaiting<'_>);
             result = apply_batch(backend.as_ref(), memory, again, compacted, batch).await;
@@ -250,15 +248,8 @@ pub(super) async fn run_writer(
         // This process looks like the database's only writer while its batches find nothing
         // committed by others: the next batch presumes so.
         unshared = trusted && (index.reloads(), index.catch_ups()) == seen;
-        // After a reload the database may not be the one the cached rows came from. Rows taken
-        // in from elsewhere leave entries behind that are no longer their keys' newest: the
-        // writer's lookups name revisions and miss them, but readers (sole writer only) would not.
-        if index.reloads() != seen.0 || (sole_writer && index.catch_ups() != seen.1) {
-            values.clear();
-        }
         if let Ok(committed) = &result {
             landed.fetch_max(committed.current, Ordering::SeqCst);
-            values.record(&committed.rows);
             compact = committed.compact.unwrap_or(compact);
         }
         // After `landed`, which tells the watch hub whether the batch it waited for landed.
@@ -302,7 +293,6 @@ async fn catch_up_idle(backend: &dyn Backend, index: &mut KeyIndex) -> Result<()
 /// What the writer keeps in memory beside the database.
 pub(super) struct WriterMemory {
     pub(super) index: KeyIndex,
-    pub(super) values: ValueCache,
     /// The store's applied index, whose revision readers and watchers may have been shown.
     pub(super) applied: Applied,
     /// The newest revision the writer has committed, set as soon as the database says so.
@@ -507,7 +497,7 @@ enum Answer {
 /// revision the batch moves to before it writes its last rows.
 async fn apply_batch(
     backend: &dyn Backend,
-    (index, values, landing): (&mut KeyIndex, &ValueCache, &watch::Sender<i64>),
+    (index, applied, landing): (&mut KeyIndex, &Applied, &watch::Sender<i64>),
     (begin, served): (Begin, i64),
     compacted: i64,
     (jobs, waiting): (&mut Vec<WriteJob>, TakeWaiting<'_>),
@@ -530,7 +520,7 @@ async fn apply_batch(
         }
     };
     let jobs: &[WriteJob] = jobs;
-    let mut batch = Batch::new(tx, index, values);
+    let mut batch = Batch::new(tx, index, applied);
     // Where the batch's own changes to the index begin (after bringing it up to date).
     let mut batch_mark = None;
     let mut others = None;
